@@ -1,0 +1,24 @@
+# `make setup` is idempotent: it makes .venv once, installs the CPU torch only when no torch is
+# there (an unpinned torch pulls a multi-GB CUDA build), then installs this package.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: setup test repro lint
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_CPU)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+repro: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro

@@ -1,0 +1,32 @@
+"""Analytic FLOP counts, for the ideal speedup that measured speedups are held against.
+
+FLOPs come from `torch.utils.flop_counter`, which derives them from the shapes of the matrix
+products a forward pass runs (2 FLOPs per multiply-add), so they follow whatever the model really
+is after pruning. It has no formula for PyTorch's fused CPU attention kernel, so the count runs the
+model with eager attention, whose score and context products are plain batched matmuls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def forward_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int:
+    """FLOPs of one forward pass of `model` on `inputs`."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(**inputs)
+    finally:
+        model.set_attn_implementation(previous)
+    return counter.get_total_flops()
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -1,0 +1,145 @@
+"""Attention sites: where the multi-head attention modules of a model are, in model order.
+
+transformers 5 dropped `head_mask` and `prune_heads`, so every other part of the project (gates,
+importance, physical pruning, save/load) goes through this one table of per-family facts: which
+submodule holds the query/key/value projections, which linear is the output projection whose input
+is the concatenation of the heads, and which attributes the module reads for its head count.
+Adding a family is one entry in `FAMILIES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from torch import nn
+
+KINDS = ("encoder", "decoder", "cross")
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """How one family's attention module names its parts."""
+
+    query: str
+    key: str
+    value: str
+    num_heads_attr: str
+    head_dim_attr: str
+    # Attribute holding num_heads * head_dim, for modules that reshape with it (None if unused).
+    inner_dim_attr: str | None
+    # True when the module's own forward applies the output projection (Marian, BART, DistilBERT,
+    # MPNet); False when a sibling module does (BERT's `attention.output.dense`).
+    projects_output: bool
+    # True when the module's forward returns `(output,)` rather than `(output, weights)` (MPNet).
+    returns_singleton: bool = False
+    # Position of a forward argument holding a `[batch, heads, query, key]` score bias computed for
+    # all original heads (MPNet's relative position bias, shared by the layers); pruning selects
+    # the kept heads' slices of it.
+    head_bias_arg: int | None = None
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """One multi-head attention module. `layer` is 0-based within its stack (encoder or decoder)."""
+
+    kind: str
+    layer: int
+    module: nn.Module
+    out_proj: nn.Linear
+    layout: AttentionLayout
+
+    @property
+    def num_heads(self) -> int:
+        return getattr(self.module, self.layout.num_heads_attr)
+
+    @property
+    def head_dim(self) -> int:
+        return getattr(self.module, self.layout.head_dim_attr)
+
+    @property
+    def projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        lay = self.layout
+        return getattr(self.module, lay.query), getattr(self.module, lay.key), getattr(self.module, lay.value)
+
+    @property
+    def kept_heads(self) -> list[int]:
+        """Original indices of the heads still present (pruning keeps the order)."""
+        return list(getattr(self.module, "kept_heads", range(self.num_heads)))
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} layer {self.layer}"
+
+
+SiteEntry = tuple[str, int, nn.Module, nn.Linear]
+
+_BERT_LAYOUT = AttentionLayout("query", "key", "value", "num_attention_heads", "attention_head_size",
+                               "all_head_size", projects_output=False)
+_DISTILBERT_LAYOUT = AttentionLayout("q_lin", "k_lin", "v_lin", "n_heads", "attention_head_size", None,
+                                     projects_output=True)
+_MPNET_LAYOUT = AttentionLayout("q", "k", "v", "num_attention_heads", "attention_head_size", "all_head_size",
+                                projects_output=True, returns_singleton=True, head_bias_arg=2)
+_SEQ2SEQ_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "head_dim", None,
+                                  projects_output=True)
+
+
+def _bert_like(base: nn.Module) -> Iterator[SiteEntry]:
+    for i, layer in enumerate(base.encoder.layer):
+        yield "encoder", i, layer.attention.self, layer.attention.output.dense
+
+
+def _distilbert(base: nn.Module) -> Iterator[SiteEntry]:
+    for i, layer in enumerate(base.transformer.layer):
+        yield "encoder", i, layer.attention, layer.attention.out_lin
+
+
+def _mpnet(base: nn.Module) -> Iterator[SiteEntry]:
+    for i, layer in enumerate(base.encoder.layer):
+        yield "encoder", i, layer.attention.attn, layer.attention.attn.o
+
+
+def _encoder_decoder(base: nn.Module) -> Iterator[SiteEntry]:
+    # Model order: the whole encoder, then per decoder layer its self- then cross-attention.
+    for i, layer in enumerate(base.encoder.layers):
+        yield "encoder", i, layer.self_attn, layer.self_attn.out_proj
+    for i, layer in enumerate(base.decoder.layers):
+        yield "decoder", i, layer.self_attn, layer.self_attn.out_proj
+        yield "cross", i, layer.encoder_attn, layer.encoder_attn.out_proj
+
+
+# config.model_type -> (layout, how to walk the base model)
+FAMILIES: dict[str, tuple[AttentionLayout, Callable[[nn.Module], Iterator[SiteEntry]]]] = {
+    "bert": (_BERT_LAYOUT, _bert_like),
+    "roberta": (_BERT_LAYOUT, _bert_like),
+    "electra": (_BERT_LAYOUT, _bert_like),
+    "distilbert": (_DISTILBERT_LAYOUT, _distilbert),
+    "mpnet": (_MPNET_LAYOUT, _mpnet),
+    "marian": (_SEQ2SEQ_LAYOUT, _encoder_decoder),
+    "bart": (_SEQ2SEQ_LAYOUT, _encoder_decoder),
+}
+
+
+class UnsupportedModelError(TypeError):
+    pass
+
+
+def attention_sites(model: nn.Module) -> list[AttentionSite]:
+    """Every multi-head attention module of `model`, in model order.
+
+    Works on the bare model and on any task head around it (`...ForSequenceClassification`,
+    `MarianMTModel`, ...), since Hugging Face models expose the bare one as `base_model`.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in FAMILIES:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (model_type={model_type!r}) is not supported; "
+            f"supported families: {', '.join(sorted(FAMILIES))}"
+        )
+    layout, walk = FAMILIES[model_type]
+    base = getattr(model, "base_model", model)
+    return [AttentionSite(kind, layer, module, out_proj, layout) for kind, layer, module, out_proj in walk(base)]
+
+
+def heads_per_site(model: nn.Module) -> list[int]:
+    return [site.num_heads for site in attention_sites(model)]

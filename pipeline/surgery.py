@@ -1,0 +1,139 @@
+"""Physical head pruning: remove heads' parameters for real, so the model gets faster and smaller.
+
+A head h owns rows `[h*d, (h+1)*d)` of the query, key and value projections and the same columns of
+the output projection's input. Pruning slices those out and updates the head-count attributes the
+module reshapes with. When every head of a site goes, its forward is replaced by one that returns
+only the output projection's bias, because the stock forwards reshape with `-1` and cannot run on
+zero heads.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import nn
+
+from pipeline.sites import AttentionSite, attention_sites
+
+
+def _keep_rows(linear: nn.Linear, index: torch.Tensor) -> None:
+    linear.weight = nn.Parameter(linear.weight.data.index_select(0, index).clone(),
+                                 requires_grad=linear.weight.requires_grad)
+    if linear.bias is not None:
+        linear.bias = nn.Parameter(linear.bias.data.index_select(0, index).clone(),
+                                   requires_grad=linear.bias.requires_grad)
+    linear.out_features = len(index)
+
+
+def _keep_columns(linear: nn.Linear, index: torch.Tensor) -> None:
+    linear.weight = nn.Parameter(linear.weight.data.index_select(1, index).clone(),
+                                 requires_grad=linear.weight.requires_grad)
+    linear.in_features = len(index)
+
+
+def _update_cache_with_no_heads(module: nn.Module, hidden_states: torch.Tensor, kwargs: dict) -> None:
+    """Keep a generation cache's bookkeeping (sequence length, cross-attention reuse) right.
+
+    The decoder reads the cache's length to place new tokens, so an emptied layer still appends
+    placeholder keys and values of the right sequence length. They hold one width-1 "head", because
+    transformers reports the length of an empty (zero-element) cache layer as 0.
+    """
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None:
+        return
+    key_value_states = kwargs.get("key_value_states")
+    is_cross = key_value_states is not None
+    layer_cache = cache
+    if hasattr(cache, "self_attention_cache"):  # EncoderDecoderCache
+        if is_cross and cache.is_updated.get(module.layer_idx):
+            return
+        layer_cache = cache.cross_attention_cache if is_cross else cache.self_attention_cache
+    source = key_value_states if is_cross else hidden_states
+    placeholder = source.new_zeros(source.shape[0], 1, source.shape[1], 1)
+    layer_cache.update(placeholder, placeholder, module.layer_idx)
+    if is_cross and hasattr(cache, "is_updated"):
+        cache.is_updated[module.layer_idx] = True
+
+
+def _install_empty_forward(site: AttentionSite) -> None:
+    layout, out_proj = site.layout, site.out_proj
+
+    def forward(module: nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
+        _update_cache_with_no_heads(module, hidden_states, kwargs)
+        output = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
+        if layout.projects_output:
+            output = out_proj(output)
+        return (output,) if layout.returns_singleton else (output, None)
+
+    site.module.forward = types.MethodType(forward, site.module)
+
+
+def _install_head_bias_selection(site: AttentionSite) -> None:
+    position = site.layout.head_bias_arg
+    module = site.module
+
+    def select_kept(_module: nn.Module, args: tuple) -> tuple | None:
+        if len(args) <= position or args[position] is None:
+            return None
+        kept = torch.tensor(module.kept_heads, dtype=torch.long, device=args[position].device)
+        return (*args[:position], args[position].index_select(1, kept), *args[position + 1 :])
+
+    module.register_forward_pre_hook(select_kept)
+
+
+def validate_heads_to_prune(sites: list[AttentionSite], heads: Mapping[int, Iterable[int]]) -> dict[int, list[int]]:
+    """Check a `{site_index: [original head index, ...]}` plan against the model; return it normalised."""
+    plan: dict[int, list[int]] = {}
+    for site_index, site_heads in heads.items():
+        if not isinstance(site_index, int) or not 0 <= site_index < len(sites):
+            raise IndexError(f"site index {site_index!r} out of range: the model has {len(sites)} attention "
+                             f"sites (0..{len(sites) - 1})")
+        site = sites[site_index]
+        present = site.kept_heads
+        original_count = getattr(site.module, "original_num_heads", site.num_heads)
+        wanted = sorted(set(int(h) for h in site_heads))
+        for head in wanted:
+            if not 0 <= head < original_count:
+                raise IndexError(f"site {site_index} ({site.name}): head {head} out of range; "
+                                 f"valid heads are 0..{original_count - 1}")
+            if head not in present:
+                raise ValueError(f"site {site_index} ({site.name}): head {head} was already pruned; "
+                                 f"heads still present: {present}")
+        plan[site_index] = wanted
+    return plan
+
+
+def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Module:
+    """Remove heads for real. `heads` maps a site index (see `attention_sites`) to the original
+    indices of the heads to remove (original, so plans stay valid across successive prunings).
+
+    The whole plan is checked before anything changes, so a bad plan leaves the model as it was.
+    Returns the model, modified in place.
+    """
+    sites = attention_sites(model)
+    plan = validate_heads_to_prune(sites, heads)
+    for site_index, removed in plan.items():
+        if not removed:
+            continue
+        site = sites[site_index]
+        present = site.kept_heads
+        if not hasattr(site.module, "original_num_heads"):
+            site.module.original_num_heads = site.num_heads
+            if site.layout.head_bias_arg is not None:
+                _install_head_bias_selection(site)
+        keep = [pos for pos, head in enumerate(present) if head not in removed]
+        d = site.head_dim
+        device = site.out_proj.weight.device
+        index = torch.tensor([pos * d + i for pos in keep for i in range(d)], dtype=torch.long, device=device)
+        for projection in site.projections:
+            _keep_rows(projection, index)
+        _keep_columns(site.out_proj, index)
+        setattr(site.module, site.layout.num_heads_attr, len(keep))
+        if site.layout.inner_dim_attr:
+            setattr(site.module, site.layout.inner_dim_attr, len(keep) * d)
+        site.module.kept_heads = [present[pos] for pos in keep]
+        if not keep:
+            _install_empty_forward(site)
+    return model

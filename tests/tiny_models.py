@@ -1,0 +1,60 @@
+"""Tiny random models of every supported family, built from configs in well under a second."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+VOCAB = 96
+PAD, EOS = 0, 1
+
+_COMMON = dict(vocab_size=VOCAB, pad_token_id=PAD)
+_ENCODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                max_position_embeddings=64, **_COMMON)
+_SEQ2SEQ = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
+                eos_token_id=EOS, decoder_start_token_id=PAD, bos_token_id=PAD, forced_eos_token_id=None,
+                **_COMMON)
+
+CONFIGS = {
+    "bert": (transformers.BertConfig, _ENCODER, transformers.BertForSequenceClassification),
+    "roberta": (transformers.RobertaConfig, _ENCODER, transformers.RobertaForSequenceClassification),
+    "electra": (transformers.ElectraConfig, {**_ENCODER, "embedding_size": 24},
+                transformers.ElectraForSequenceClassification),
+    "distilbert": (transformers.DistilBertConfig,
+                   dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=64, **_COMMON),
+                   transformers.DistilBertForSequenceClassification),
+    "mpnet": (transformers.MPNetConfig, _ENCODER, transformers.MPNetForSequenceClassification),
+    "marian": (transformers.MarianConfig, _SEQ2SEQ, transformers.MarianMTModel),
+    "bart": (transformers.BartConfig, _SEQ2SEQ, transformers.BartForConditionalGeneration),
+}
+FAMILIES = sorted(CONFIGS)
+SEQ2SEQ = {"marian", "bart"}
+
+
+def tiny_model(family: str, attn_implementation: str = "sdpa", seed: int = 0, num_labels: int = 3):
+    config_class, kwargs, model_class = CONFIGS[family]
+    config = config_class(**kwargs, num_labels=num_labels)
+    torch.manual_seed(seed)
+    model = model_class._from_config(config, attn_implementation=attn_implementation)
+    return model.eval()
+
+
+def tiny_batch(family: str, batch_size: int = 3, length: int = 7, seed: int = 0, padded: bool = True) -> dict:
+    """Inputs with labels; the last example is padded when `padded`, to exercise the masks."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, VOCAB, (batch_size, length), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    if padded and batch_size > 1:
+        input_ids[-1, -2:] = PAD
+        attention_mask[-1, -2:] = 0
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if family in SEQ2SEQ:
+        labels = torch.randint(3, VOCAB, (batch_size, length - 2), generator=g)
+        labels[:, -1] = EOS
+        if padded and batch_size > 1:
+            labels[-1, -1:] = -100
+        batch["labels"] = labels
+    else:
+        batch["labels"] = torch.randint(0, 3, (batch_size,), generator=g)
+    return batch
