@@ -1,0 +1,162 @@
+"""Throughput of unpruned vs physically pruned encoders, beside the ideal speedup from FLOPs.
+
+    python -m pipeline.bench                      # BERT-base and MiniLM-L6 shapes, sdpa and eager
+    python -m pipeline.bench --shapes minilm-l6 --batch-sizes 1 16 --repeats 3 --csv bench.csv
+
+Random weights are enough for speed. Each configuration is timed `--repeats` times after a warm-up
+and the median is reported; every model of one shape is measured in the same run, so ratios are
+side by side. The scoring-cost line compares one importance pass (forward + backward to the
+gates) over a data set with a forward pass over the same data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import transformers
+from torch import nn
+
+from pipeline.flops import forward_flops, parameter_count
+from pipeline.importance import head_importance
+from pipeline.sites import attention_sites
+from pipeline.surgery import prune_heads
+
+SHAPES = {
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "minilm-l6": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    examples_per_s: float
+    seconds: float
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: allocator, kernel selection
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def evenly_spread_plan(model: nn.Module, fraction: float) -> dict[int, list[int]]:
+    """Remove the same number of heads from every layer (the last ones; random weights make all heads alike)."""
+    plan = {}
+    for index, site in enumerate(attention_sites(model)):
+        count = round(site.num_heads * fraction)
+        plan[index] = list(range(site.num_heads - count, site.num_heads))
+    return plan
+
+
+def random_encoder(shape: str, attn_implementation: str, seed: int = 0) -> nn.Module:
+    config = transformers.BertConfig(**SHAPES[shape], num_labels=2)
+    torch.manual_seed(seed)
+    return transformers.BertForSequenceClassification._from_config(
+        config, attn_implementation=attn_implementation).eval()
+
+
+def random_inputs(model: nn.Module, batch_size: int, seq_len: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, model.config.vocab_size, (batch_size, seq_len), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def throughput_table(
+    shapes: Sequence[str], fractions: Sequence[float], batch_sizes: Sequence[int], impls: Sequence[str],
+    seq_len: int, repeats: int,
+) -> pd.DataFrame:
+    rows = []
+    for shape in shapes:
+        for impl in impls:
+            models = {}
+            for fraction in fractions:
+                model = random_encoder(shape, impl)
+                models[fraction] = prune_heads(model, evenly_spread_plan(model, fraction))
+            probe = random_inputs(models[fractions[0]], 1, seq_len)
+            flops = {f: forward_flops(m, probe) for f, m in models.items()}
+            for batch_size in batch_sizes:
+                inputs = random_inputs(models[fractions[0]], batch_size, seq_len)
+                base_rate = None
+                for fraction, model in models.items():
+                    with torch.inference_mode():
+                        seconds = median_time(lambda model=model, inputs=inputs: model(**inputs), repeats)
+                    rate = batch_size / seconds
+                    base_rate = base_rate or rate
+                    rows.append(dict(
+                        shape=shape, attn_implementation=impl, batch_size=batch_size, fraction_pruned=fraction,
+                        examples_per_s=rate, speedup=rate / base_rate,
+                        ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
+                    ))
+                    print(_row_line(rows[-1]), flush=True)
+    return pd.DataFrame(rows)
+
+
+def _row_line(row: dict) -> str:
+    return (f"{row['shape']:>9} {row['attn_implementation']:>5} batch {row['batch_size']:>3} "
+            f"pruned {row['fraction_pruned']:.0%}: {row['examples_per_s']:8.1f} ex/s  "
+            f"speedup {row['speedup']:.3f} (ideal {row['ideal_speedup']:.3f})")
+
+
+def scoring_cost(shape: str, batch_size: int, batches: int, seq_len: int, repeats: int) -> dict:
+    """Seconds for importance scoring vs a forward pass over the same `batches` batches."""
+    model = random_encoder(shape, "sdpa")
+    data = []
+    for i in range(batches):
+        inputs = random_inputs(model, batch_size, seq_len, seed=i)
+        inputs["labels"] = torch.randint(0, 2, (batch_size,), generator=torch.Generator().manual_seed(i))
+        data.append(inputs)
+
+    def forward_pass() -> None:
+        with torch.inference_mode():
+            for batch in data:
+                model(**batch)
+
+    forward = median_time(forward_pass, repeats)
+    scoring = median_time(lambda: head_importance(model, data, progress=False), repeats)
+    return dict(shape=shape, examples=batch_size * batches, forward_s=forward, scoring_s=scoring,
+                ratio=scoring / forward)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--fractions", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 16, 64])
+    parser.add_argument("--attn", nargs="+", default=["sdpa", "eager"], choices=["sdpa", "eager"])
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--csv", default=None, help="also write the throughput table here")
+    args = parser.parse_args(argv)
+    fractions = sorted(set(args.fractions) | {0.0})
+    if not all(0.0 <= f < 1.0 for f in fractions):
+        parser.error(f"--fractions must lie in [0, 1), got {args.fractions}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, seq_len {args.seq_len}, "
+          f"median of {args.repeats}", flush=True)
+
+    table = throughput_table(args.shapes, fractions, args.batch_sizes, args.attn, args.seq_len, args.repeats)
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    pivot = table.pivot_table(index=["shape", "attn_implementation", "batch_size"], columns="fraction_pruned",
+                              values=["examples_per_s", "speedup", "ideal_speedup"])
+    print("\n" + pivot.round(3).to_string())
+
+    cost = scoring_cost(args.shapes[-1], batch_size=16, batches=4, seq_len=args.seq_len, repeats=args.repeats)
+    print(f"\nscoring cost ({cost['shape']}, {cost['examples']} examples): forward {cost['forward_s']:.2f} s, "
+          f"importance {cost['scoring_s']:.2f} s, ratio {cost['ratio']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
