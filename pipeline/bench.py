@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -33,12 +35,6 @@ SHAPES = {
 }
 
 
-@dataclass(frozen=True)
-class Measurement:
-    examples_per_s: float
-    seconds: float
-
-
 def median_time(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up: allocator, kernel selection
     times = []
@@ -47,6 +43,24 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def peak_memory_mb(model_dir: str | Path, batch_size: int, seq_len: int) -> float:
+    """Peak resident memory (MiB) of a fresh process that loads the saved model and runs one forward
+    pass at this batch shape: what a user's serving process would need, framework included."""
+    code = (
+        "import resource, torch\n"
+        "from pipeline.checkpoint import load_model\n"
+        f"model = load_model({str(model_dir)!r})\n"
+        f"ids = torch.full(({batch_size}, {seq_len}), min(1000, model.config.vocab_size - 1))\n"
+        "with torch.inference_mode():\n"
+        "    model(input_ids=ids, attention_mask=torch.ones_like(ids))\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"measuring peak memory of {model_dir} failed:\n{out.stderr[-2000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def evenly_spread_plan(model: nn.Module, fraction: float) -> dict[int, list[int]]:
@@ -71,6 +85,29 @@ def random_inputs(model: nn.Module, batch_size: int, seq_len: int, seed: int = 0
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+def measure_throughput(
+    models: Mapping[float, nn.Module], inputs: Mapping[str, torch.Tensor], repeats: int,
+) -> list[dict]:
+    """Examples/s of each model (keyed by fraction pruned; the first is the reference) on one batch,
+    with the measured and the ideal (FLOP-count) speedup over the reference."""
+    fractions = list(models)
+    probe = {k: v[:1] for k, v in inputs.items()}
+    flops = {f: forward_flops(m, probe) for f, m in models.items()}
+    batch_size = next(iter(inputs.values())).shape[0]
+    rows, base_rate = [], None
+    for fraction, model in models.items():
+        with torch.inference_mode():
+            seconds = median_time(lambda model=model: model(**inputs), repeats)
+        rate = batch_size / seconds
+        base_rate = base_rate or rate
+        rows.append(dict(
+            attn_implementation=model.config._attn_implementation, batch_size=batch_size,
+            fraction_pruned=fraction, examples_per_s=rate, speedup=rate / base_rate,
+            ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
+        ))
+    return rows
+
+
 def throughput_table(
     shapes: Sequence[str], fractions: Sequence[float], batch_sizes: Sequence[int], impls: Sequence[str],
     seq_len: int, repeats: int,
@@ -82,21 +119,10 @@ def throughput_table(
             for fraction in fractions:
                 model = random_encoder(shape, impl)
                 models[fraction] = prune_heads(model, evenly_spread_plan(model, fraction))
-            probe = random_inputs(models[fractions[0]], 1, seq_len)
-            flops = {f: forward_flops(m, probe) for f, m in models.items()}
             for batch_size in batch_sizes:
                 inputs = random_inputs(models[fractions[0]], batch_size, seq_len)
-                base_rate = None
-                for fraction, model in models.items():
-                    with torch.inference_mode():
-                        seconds = median_time(lambda model=model, inputs=inputs: model(**inputs), repeats)
-                    rate = batch_size / seconds
-                    base_rate = base_rate or rate
-                    rows.append(dict(
-                        shape=shape, attn_implementation=impl, batch_size=batch_size, fraction_pruned=fraction,
-                        examples_per_s=rate, speedup=rate / base_rate,
-                        ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
-                    ))
+                for row in measure_throughput(models, inputs, repeats):
+                    rows.append({"shape": shape, **row})
                     print(_row_line(rows[-1]), flush=True)
     return pd.DataFrame(rows)
 

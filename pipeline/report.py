@@ -25,7 +25,6 @@ import base64
 import html
 import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +35,8 @@ matplotlib.use("Agg")  # headless; must precede the pyplot import
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from pipeline.atomic import write_bytes  # noqa: E402
 
 # Reference numbers from Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than One?".
 # Kept in one place so the BERT and the MT experiments share the renderer.
@@ -91,17 +92,6 @@ REQUIRED = {
 
 # --------------------------------------------------------------------------------------------------
 # Small helpers
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same directory, so a killed run never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same filesystem, so os.replace is atomic
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _pct(fraction: float) -> str:
@@ -921,15 +911,15 @@ def build_report(report_dir: Path, title: str) -> Path:
 
     fig_dir = report_dir / "figures"
     for item in doc.figures:
-        _atomic_write(fig_dir / item.name, item.png)
+        write_bytes(fig_dir / item.name, item.png)
     # Drop figures of sections that no longer have data, so the folder matches the report.
     current = {item.name for item in doc.figures}
     for stale in fig_dir.glob("*.png") if fig_dir.is_dir() else []:
         if stale.name not in current:
             stale.unlink()
-    _atomic_write(report_dir / "report.md", _to_markdown(doc, title).encode("utf-8"))
+    write_bytes(report_dir / "report.md", _to_markdown(doc, title).encode("utf-8"))
     html_path = report_dir / "report.html"
-    _atomic_write(html_path, _to_html(doc, title).encode("utf-8"))
+    write_bytes(html_path, _to_html(doc, title).encode("utf-8"))
     return html_path
 
 

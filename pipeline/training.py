@@ -1,0 +1,72 @@
+"""Fine-tuning: plain PyTorch AdamW with linear warm-up and decay, seeded."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import datasets
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase, get_linear_schedule_with_warmup
+
+from pipeline.evaluation import training_batches
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int
+    learning_rate: float
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    epochs: float | None = None  # either a (possibly fractional) number of epochs...
+    steps: int | None = None  # ...or a number of optimisation steps
+    seed: int = 0
+    max_grad_norm: float = 1.0
+
+
+def _decays(name: str, param: nn.Parameter) -> bool:
+    # The usual BERT recipe: no weight decay on biases and LayerNorm weights.
+    return param.dim() > 1 and "LayerNorm" not in name and "layer_norm" not in name
+
+
+def finetune(
+    model: nn.Module, train: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, config: TrainConfig,
+    progress: bool = True,
+) -> list[float]:
+    """Train `model` in place; returns the loss of every step."""
+    if (config.epochs is None) == (config.steps is None):
+        raise ValueError("give exactly one of epochs or steps")
+    steps_per_epoch = math.ceil(len(train) / config.batch_size)
+    total = config.steps or max(1, round(config.epochs * steps_per_epoch))
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for n, p in params if _decays(n, p)], "weight_decay": config.weight_decay},
+            {"params": [p for n, p in params if not _decays(n, p)], "weight_decay": 0.0},
+        ],
+        lr=config.learning_rate,
+    )
+    scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total), total)
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)  # dropout masks
+    device = next(model.parameters()).device
+    model.train()
+    losses: list[float] = []
+    with tqdm(total=total, desc="fine-tune", disable=not progress) as bar:
+        while len(losses) < total:
+            for batch in training_batches(train, tokenizer, config.batch_size, generator):
+                loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+                bar.update()
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+                if len(losses) == total:
+                    break
+    model.eval()
+    return losses

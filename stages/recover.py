@@ -1,0 +1,34 @@
+"""Stage recover: fine-tune the physically pruned models briefly and measure what comes back."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.atomic import write_csv
+from pipeline.evaluation import evaluate
+from pipeline.experiment import Experiment, log
+from pipeline.training import TrainConfig, finetune
+
+
+def main() -> None:
+    exp = Experiment.from_params_file()
+    p, task = exp.params, exp.task()
+    r = p.recover
+    train, tokenizer, eval_sets = exp.splits()["train"], exp.tokenizer(), exp.eval_sets()
+    config = TrainConfig(batch_size=r.batch_size, learning_rate=r.learning_rate, warmup_ratio=r.warmup_ratio,
+                         weight_decay=p.finetune.weight_decay, steps=r.steps, seed=p.seed)
+    rows = []
+    for fraction in p.prune.save_fractions:
+        model = exp.load(exp.pruned_dir(fraction))
+        before = {s: evaluate(model, es, task["metric"])[0] for s, es in eval_sets.items()}
+        finetune(model, train, tokenizer, config)
+        after = {s: evaluate(model, es, task["metric"])[0] for s, es in eval_sets.items()}
+        rows.append(dict(fraction_pruned=fraction, metric_before=before["test"], metric_after=after["test"],
+                         dev_before=before["dev"], dev_after=after["dev"]))
+        log.info("recover: %.0f%% pruned, test %.2f -> %.2f after %d steps", 100 * fraction, before["test"],
+                 after["test"], r.steps)
+    write_csv(exp.reports / "recovery.csv", pd.DataFrame(rows))
+
+
+if __name__ == "__main__":
+    main()

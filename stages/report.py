@@ -1,0 +1,17 @@
+"""Stage report: report.md and a self-contained report.html with figures, beside the paper's findings."""
+
+from __future__ import annotations
+
+from pipeline.experiment import Experiment, log
+from pipeline.report import build_report
+
+
+def main() -> None:
+    exp = Experiment.from_params_file()
+    task = exp.task()
+    path = build_report(exp.reports, title=f"Head pruning: {task['model']} on {task['data']}")
+    log.info("report: %s", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Stage score: the paper's head importance, E_x |dL(x)/d(xi_h)|, normalised per layer."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.atomic import write_csv
+from pipeline.experiment import Experiment, log
+from pipeline.importance import head_importance, normalize_per_layer
+from pipeline.sites import attention_sites
+
+
+def main() -> None:
+    exp = Experiment.from_params_file()
+    p = exp.params
+    model = exp.load(exp.finetuned_dir)
+    batches = exp.score_batches()
+    raw = head_importance(model, batches)
+    normalised = normalize_per_layer(raw, p.score.normalize_p)
+    rows = [dict(kind=site.kind, layer=site.layer, head=head, importance=float(n), importance_raw=float(r))
+            for site, n_site, r_site in zip(attention_sites(model), normalised, raw, strict=True)
+            for head, (n, r) in enumerate(zip(n_site, r_site, strict=True))]
+    table = pd.DataFrame(rows)
+    write_csv(exp.reports / "importance.csv", table)
+    top = table.nlargest(3, "importance_raw")
+    log.info("score: %d heads scored on %d %s examples; most important: %s", len(table),
+             sum(len(b["labels"]) for b in batches), p.score.split,
+             ", ".join(f"{r.kind}{r.layer}.{r.head}" for r in top.itertuples()))
+
+
+if __name__ == "__main__":
+    main()

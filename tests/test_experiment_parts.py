@@ -1,0 +1,167 @@
+"""Specification of the pieces the classification stages compose: params validation, evaluation batching,
+ablation with replayed lower layers, and pruning curves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from datasets import Dataset
+
+from pipeline.ablation import ablation_tables, record_block_outputs, replay_blocks_below
+from pipeline.config import ParamsError, load_params, parse_params
+from pipeline.evaluation import make_eval_set, predict
+from pipeline.gates import head_gates
+from pipeline.importance import random_order
+from pipeline.metrics import compute_metric
+from pipeline.pruning import CurveEvaluator, mean_over_seeds, plans_from_order, pruning_levels, reestimated_plans
+from pipeline.sites import attention_sites, layer_stack
+from tests.tiny_models import tiny_model
+
+
+class PadTokenizer:
+    """Just enough tokenizer for DataCollatorWithPadding."""
+
+    pad_token_id = 0
+    padding_side = "right"
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def pad(self, features, **kwargs):
+        width = max(len(f["input_ids"]) for f in features)
+        ids = torch.tensor([f["input_ids"] + [0] * (width - len(f["input_ids"])) for f in features])
+        out = {"input_ids": ids, "attention_mask": (ids != 0).long()}
+        if "labels" in features[0]:
+            out["labels"] = torch.tensor([f["labels"] for f in features])
+        return out
+
+
+def tiny_dataset(n: int = 40, seed: int = 0) -> Dataset:
+    g = np.random.default_rng(seed)
+    ids = [g.integers(3, 96, size=g.integers(3, 12)).tolist() for _ in range(n)]
+    return Dataset.from_dict({"input_ids": ids, "labels": g.integers(0, 3, size=n).tolist()})
+
+
+# --- params ------------------------------------------------------------------------------------------
+
+
+def test_the_shipped_params_file_is_valid():
+    params = load_params("params.yaml")
+    assert params.prune.step == 0.1 and params.model.name_or_path == "default"
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ({"prune": {"stepp": 0.1}}, r"prune.stepp: unknown key; allowed here: step, max_fraction"),
+        ({"prune": {"step": 0}}, r"prune.step: Input should be greater than 0 \(got 0\)"),
+        ({"model": {"attn_implementation": "flash"}}, r"model.attn_implementation: Input should be 'sdpa' or 'eager'"),
+        ({"data": {"fractions": [0.5, 0.5, 0.5]}}, r"data.fractions: .*summing to 1"),
+        ({"experiment": "../x"}, r"experiment: String should match pattern"),
+    ],
+)
+def test_bad_params_fail_in_one_line_naming_the_key(raw, message):
+    with pytest.raises(ParamsError, match=message) as error:
+        parse_params(raw)
+    assert "\n" not in str(error.value)
+
+
+# --- evaluation --------------------------------------------------------------------------------------
+
+
+def test_predictions_come_back_in_the_original_order_whatever_the_batching():
+    model, data = tiny_model("bert"), tiny_dataset()
+    one_by_one = predict(model, make_eval_set(data, PadTokenizer(), batch_size=1))
+    batched = predict(model, make_eval_set(data, PadTokenizer(), batch_size=16))
+    assert np.array_equal(one_by_one, batched)
+
+
+# --- ablation ----------------------------------------------------------------------------------------
+
+
+def test_replaying_lower_layers_gives_the_same_predictions_as_running_them():
+    model, eval_set = tiny_model("bert"), make_eval_set(tiny_dataset(), PadTokenizer(), batch_size=8)
+    stack = layer_stack(model, "encoder")
+    with head_gates(model) as gates:
+        gates[1][2] = 0.0
+        expected = predict(model, eval_set)
+        outputs = record_block_outputs(model, stack[0], eval_set)
+        stack[0].forward = None  # the replay must not run block 0 at all
+        with replay_blocks_below(model, stack, 1, outputs):
+            replayed = predict(model, eval_set)
+        del stack[0].forward
+    assert len(outputs) == len(eval_set.batches)
+    assert np.array_equal(expected, replayed)
+
+
+def test_ablation_tables_match_masking_each_head_by_hand():
+    model, eval_set = tiny_model("bert", seed=3), make_eval_set(tiny_dataset(60), PadTokenizer(), batch_size=16)
+    ablation, one_head = ablation_tables(model, eval_set, "accuracy", n_resamples=200, progress=False)
+    base = compute_metric("accuracy", predict(model, eval_set), eval_set.labels)
+    assert list(ablation.columns) == ["kind", "layer", "head", "metric", "delta", "p_value"]
+    assert len(ablation) == 8 and list(one_head.columns) == ["kind", "layer", "best_head", "metric", "delta"]
+    with head_gates(model) as gates:
+        gates[1][3] = 0.0
+        masked = compute_metric("accuracy", predict(model, eval_set), eval_set.labels)
+        gates[1][:] = torch.tensor([0.0, 0.0, 1.0, 0.0])
+        only_2 = compute_metric("accuracy", predict(model, eval_set), eval_set.labels)
+    row = ablation[(ablation.layer == 1) & (ablation["head"] == 3)].iloc[0]
+    assert row.metric == pytest.approx(masked) and row.delta == pytest.approx(masked - base)
+    assert ((ablation.p_value > 0) & (ablation.p_value <= 1)).all()
+    assert one_head.loc[one_head.layer == 1, "metric"].iloc[0] >= only_2
+
+
+# --- pruning curves ----------------------------------------------------------------------------------
+
+
+def test_levels_step_up_to_the_maximum_inclusive():
+    assert pruning_levels(0.1, 0.9) == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    assert pruning_levels(0.25, 0.6) == [0.0, 0.25, 0.5]
+
+
+def test_curve_evaluates_each_distinct_plan_once_and_reports_flops_removed():
+    model = tiny_model("bert")
+    eval_sets = {"dev": make_eval_set(tiny_dataset(30, 1), PadTokenizer(), 8),
+                 "test": make_eval_set(tiny_dataset(30, 2), PadTokenizer(), 8)}
+    evaluator = CurveEvaluator(model, eval_sets, "accuracy", {k: v[:2] for k, v in eval_sets["dev"].batches[0].items()})
+    order = random_order([4, 4], seed=0)
+    curve = evaluator.curve("random", plans_from_order(order, [4, 4], [0, 2, 4, 8]), progress=False)
+    assert list(curve.columns) == ["method", "split", "fraction_pruned", "heads_pruned", "metric",
+                                   "fraction_flops_removed"]
+    assert curve.fraction_pruned.tolist() == [0, 0, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0]
+    removed = curve.fraction_flops_removed.to_numpy()
+    assert removed[0] == 0 and np.all(np.diff(removed[::2]) > 0)
+    evaluator.curve("again", plans_from_order(order, [4, 4], [0, 2]), progress=False)
+    assert len(evaluator._cache) == 4
+
+
+def test_reestimated_plans_grow_cumulatively_and_are_deterministic():
+    model = tiny_model("bert")
+    data = tiny_dataset(24)
+    batches = [{"input_ids": torch.tensor([ids[:3] for ids in data["input_ids"][:8]]),
+                "labels": torch.tensor(data["labels"][:8])}]
+    plans = list(reestimated_plans(model, batches, [0, 2, 5, 6], normalize_p=2.0, min_heads_per_site=1))
+    again = list(reestimated_plans(model, batches, [0, 2, 5, 6], normalize_p=2.0, min_heads_per_site=1))
+    assert plans == again
+    sizes = [sum(len(h) for h in p.values()) for p in plans]
+    assert sizes == [0, 2, 5, 6]
+    for before, after in zip(plans, plans[1:], strict=False):
+        assert all(set(before.get(s, [])) <= set(after.get(s, [])) for s in before)
+    assert all(len(h) <= 3 for p in plans for h in p.values())
+
+
+def test_reestimated_plans_cannot_break_the_minimum_per_site():
+    model = tiny_model("bert")
+    batches = [{"input_ids": torch.randint(3, 96, (4, 5)), "labels": torch.tensor([0, 1, 2, 0])}]
+    with pytest.raises(ValueError, match="keeping 1 per layer"):
+        list(reestimated_plans(model, batches, [0, 7], normalize_p=2.0, min_heads_per_site=1))
+
+
+def test_random_baseline_is_the_mean_over_seeds_with_its_spread():
+    a = pd.DataFrame(dict(method="random", split="dev", fraction_pruned=[0, 0.5], heads_pruned=[0, 4],
+                          metric=[80.0, 70.0], fraction_flops_removed=[0, 0.1]))
+    b = a.assign(metric=[80.0, 60.0])
+    mean = mean_over_seeds([a, b], "random")
+    assert mean.metric.tolist() == [80.0, 65.0]
+    assert mean.metric_std.iloc[1] == pytest.approx(np.std([70, 60], ddof=1))
+    assert len(attention_sites(tiny_model("bert"))) == 2
