@@ -44,7 +44,7 @@ class DataParams(Section):
 
 
 class FinetuneParams(Section):
-    epochs: float = Field(3, gt=0)
+    epochs: float = Field(2, gt=0)
     batch_size: int = Field(32, ge=1)
     learning_rate: float = Field(5e-5, gt=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
@@ -62,7 +62,7 @@ class AblateParams(Section):
 
 class ScoreParams(Section):
     split: Literal["train", "dev", "test"] = "train"
-    max_examples: int | None = Field(2000, ge=1)
+    max_examples: int | None = Field(1000, ge=1)
     batch_size: int = Field(32, ge=1)
     # L_p normalisation within each layer; null switches it off.
     normalize_p: float | None = Field(2.0, gt=0)
