@@ -43,12 +43,15 @@ class DataParams(Section):
         return v
 
 
-class FinetuneParams(Section):
-    epochs: float = Field(2, gt=0)
+class OptimizerParams(Section):
     batch_size: int = Field(32, ge=1)
     learning_rate: float = Field(5e-5, gt=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     weight_decay: float = Field(0.01, ge=0)
+
+
+class FinetuneParams(OptimizerParams):
+    epochs: float = Field(2, gt=0)
 
 
 class EvalParams(Section):
@@ -85,11 +88,8 @@ class PruneParams(Section):
         return self
 
 
-class RecoverParams(Section):
+class RecoverParams(OptimizerParams):
     steps: int = Field(200, ge=1)
-    batch_size: int = Field(32, ge=1)
-    learning_rate: float = Field(5e-5, gt=0)
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)
 
 
 class BenchmarkParams(Section):

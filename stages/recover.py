@@ -16,7 +16,7 @@ def main() -> None:
     r = p.recover
     train, tokenizer, eval_sets = exp.splits()["train"], exp.tokenizer(), exp.eval_sets()
     config = TrainConfig(batch_size=r.batch_size, learning_rate=r.learning_rate, warmup_ratio=r.warmup_ratio,
-                         weight_decay=p.finetune.weight_decay, steps=r.steps, seed=p.seed)
+                         weight_decay=r.weight_decay, steps=r.steps, seed=p.seed)
     rows = []
     for fraction in p.prune.save_fractions:
         model = exp.load(exp.pruned_dir(fraction))

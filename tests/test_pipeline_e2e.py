@@ -73,6 +73,9 @@ def repo(tmp_path_factory) -> Path:
     write_tiny_assets(root)
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
+    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")  # analytics off, the offline plots template
+    (root / "reports").mkdir()
+    shutil.copy(ROOT / "reports" / "plots_template.html", root / "reports" / "plots_template.html")
     first = run(["dvc", "repro"], root)
     assert ran_stages(first) == ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
     return root
@@ -124,7 +127,21 @@ def test_a_prune_param_reruns_only_prune_and_what_follows(repo):
     assert sorted(curve.fraction_pruned.unique()) == [0.0, 0.5]
 
 
-def test_invalid_params_stop_the_stage_before_it_writes_anything(repo, tmp_path):
+def test_experiments_and_diffs_across_commits(repo):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    run([*git, "add", "-A"], repo)
+    run([*git, "commit", "-qm", "baseline"], repo)
+    run(["dvc", "exp", "run", "-S", "prune.step=0.25", "-n", "finer"], repo)
+    assert "finer" in run(["dvc", "exp", "show", "--no-pager"], repo)
+    run(["dvc", "exp", "apply", "finer"], repo)
+    assert "prune.step" in run(["dvc", "params", "diff"], repo)
+    run(["dvc", "metrics", "diff"], repo)
+    run(["dvc", "plots", "diff", "-o", "plots_out"], repo)
+    page = (repo / "plots_out" / "index.html").read_text()
+    assert "vega" in page and not re.search(r"<script[^>]*src=", page)
+
+
+def test_invalid_params_stop_the_stage_before_it_writes_anything(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["prune"]["stepp"] = 0.1
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
