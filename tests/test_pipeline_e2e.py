@@ -132,7 +132,7 @@ def test_experiments_and_diffs_across_commits(repo):
     run([*git, "add", "-A"], repo)
     run([*git, "commit", "-qm", "baseline"], repo)
     run(["dvc", "exp", "run", "-S", "prune.step=0.25", "-n", "finer"], repo)
-    assert "finer" in run(["dvc", "exp", "show", "--no-pager"], repo)
+    assert "finer" in run(["dvc", "exp", "list", "--name-only"], repo)
     run(["dvc", "exp", "apply", "finer"], repo)
     assert "prune.step" in run(["dvc", "params", "diff"], repo)
     run(["dvc", "metrics", "diff"], repo)
