@@ -43,18 +43,20 @@ def _length_order(dataset: datasets.Dataset) -> np.ndarray:
     return np.argsort(-lengths, kind="stable")  # longest first: a too-large batch fails at once
 
 
-def labelled_batches(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase,
-                     batch_size: int) -> list[dict[str, torch.Tensor]]:
+def labelled_batches(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int,
+                     order: np.ndarray | None = None) -> list[dict[str, torch.Tensor]]:
     """Length-sorted padded batches with labels (for importance scoring)."""
-    order, collator = _length_order(dataset), DataCollatorWithPadding(tokenizer)
+    order = _length_order(dataset) if order is None else order
+    collator = DataCollatorWithPadding(tokenizer)
     return [_collate(collator, dataset, order[i : i + batch_size].tolist()) for i in range(0, len(order), batch_size)]
 
 
 def make_eval_set(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int) -> EvalSet:
-    batches = labelled_batches(dataset, tokenizer, batch_size)
+    order = _length_order(dataset)
+    batches = labelled_batches(dataset, tokenizer, batch_size, order)
     for batch in batches:
         batch.pop("labels")
-    return EvalSet(batches, _length_order(dataset), np.asarray(dataset["labels"]))
+    return EvalSet(batches, order, np.asarray(dataset["labels"]))
 
 
 def training_batches(

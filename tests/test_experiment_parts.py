@@ -16,7 +16,7 @@ from pipeline.gates import head_gates
 from pipeline.importance import random_order
 from pipeline.metrics import compute_metric
 from pipeline.pruning import CurveEvaluator, mean_over_seeds, plans_from_order, pruning_levels, reestimated_plans
-from pipeline.sites import attention_sites, layer_stack
+from pipeline.sites import layer_stack
 from tests.tiny_models import tiny_model
 
 
@@ -164,4 +164,3 @@ def test_random_baseline_is_the_mean_over_seeds_with_its_spread():
     mean = mean_over_seeds([a, b], "random")
     assert mean.metric.tolist() == [80.0, 65.0]
     assert mean.metric_std.iloc[1] == pytest.approx(np.std([70, 60], ddof=1))
-    assert len(attention_sites(tiny_model("bert"))) == 2
