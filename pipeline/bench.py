@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -45,22 +42,24 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def peak_memory_mb(model_dir: str | Path, batch_size: int, seq_len: int) -> float:
-    """Peak resident memory (MiB) of a fresh process that loads the saved model and runs one forward
-    pass at this batch shape: what a user's serving process would need, framework included."""
-    code = (
-        "import resource, torch\n"
-        "from pipeline.checkpoint import load_model\n"
-        f"model = load_model({str(model_dir)!r})\n"
-        f"ids = torch.full(({batch_size}, {seq_len}), min(1000, model.config.vocab_size - 1))\n"
-        "with torch.inference_mode():\n"
-        "    model(input_ids=ids, attention_mask=torch.ones_like(ids))\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"measuring peak memory of {model_dir} failed:\n{out.stderr[-2000:]}")
-    return float(out.stdout.strip().splitlines()[-1])
+@torch.inference_mode()
+def forward_memory_mb(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Weights (parameters and buffers) and the peak of live activation memory during one forward pass,
+    in MiB: the CPU counterpart of `torch.cuda.max_memory_allocated`.
+
+    The profiler records every allocation and free of torch's CPU allocator in order; summing them gives
+    the live bytes over time. Unlike the process's resident set (~500 MiB of framework, and allocator
+    noise between runs), this is exact and the same on every run.
+    """
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        model(**inputs)
+    live = peak = 0
+    allocations = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    for event in sorted(allocations, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return {"weights_mb": round(weights / 2**20, 2), "activations_mb": round(peak / 2**20, 2)}
 
 
 def evenly_spread_plan(model: nn.Module, fraction: float) -> dict[int, list[int]]:

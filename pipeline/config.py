@@ -51,21 +51,24 @@ class OptimizerParams(Section):
 
 
 class FinetuneParams(OptimizerParams):
-    epochs: float = Field(2, gt=0)
+    epochs: float = Field(1, gt=0)
+    learning_rate: float = Field(1e-4, gt=0)
 
 
 class EvalParams(Section):
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(32, ge=1)
 
 
 class AblateParams(Section):
     split: Literal["dev", "test"] = "test"
+    # A seeded subset of the split (null: all of it); the 2 x heads masked evaluations scale with it.
+    max_examples: int | None = Field(300, ge=10)
     n_resamples: int = Field(1000, ge=100)
 
 
 class ScoreParams(Section):
     split: Literal["train", "dev", "test"] = "train"
-    max_examples: int | None = Field(1000, ge=1)
+    max_examples: int | None = Field(512, ge=1)
     batch_size: int = Field(32, ge=1)
     # L_p normalisation within each layer; null switches it off.
     normalize_p: float | None = Field(2.0, gt=0)
@@ -77,6 +80,8 @@ class PruneParams(Section):
     reestimate: bool = True
     random_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     min_heads_per_layer: int = Field(0, ge=0)
+    # Seeded subsets of dev and test for the curves (null: all); each level is one evaluation per split.
+    max_examples: int | None = Field(300, ge=10)
     # Physically pruned models are saved at these fractions, for the recover and benchmark stages.
     save_fractions: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7])
 
@@ -89,7 +94,7 @@ class PruneParams(Section):
 
 
 class RecoverParams(OptimizerParams):
-    steps: int = Field(200, ge=1)
+    steps: int = Field(50, ge=1)
 
 
 class BenchmarkParams(Section):

@@ -94,9 +94,18 @@ class Experiment:
     def load(self, path: Path) -> torch.nn.Module:
         return load_model(path, attn_implementation=self.params.model.attn_implementation)
 
-    def eval_sets(self, splits: tuple[str, ...] = ("dev", "test")) -> dict[str, EvalSet]:
+    def eval_sets(self, splits: tuple[str, ...] = ("dev", "test"), max_examples: int | None = None
+                  ) -> dict[str, EvalSet]:
+        """Evaluation batches of each split; a seeded random subset of `max_examples` when given (the
+        sweeps of ablate and prune evaluate hundreds of models, and their cost is linear in it)."""
         data, tokenizer = self.splits(), self.tokenizer()
-        return {s: make_eval_set(data[s], tokenizer, self.params.eval.batch_size) for s in splits}
+        sets = {}
+        for split in splits:
+            dataset = data[split]
+            if max_examples is not None and max_examples < len(dataset):
+                dataset = dataset.shuffle(seed=self.params.seed).select(range(max_examples))
+            sets[split] = make_eval_set(dataset, tokenizer, self.params.eval.batch_size)
+        return sets
 
     def score_batches(self) -> list[dict[str, torch.Tensor]]:
         """The importance-scoring data: a seeded subset of `score.split` (the paper used training data)."""

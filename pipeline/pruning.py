@@ -92,13 +92,14 @@ class CurveEvaluator:
             for split in self.eval_sets:
                 rows.append(dict(method=method, split=split, fraction_pruned=result["heads_pruned"] / self.total_heads,
                                  heads_pruned=result["heads_pruned"], metric=result[split],
-                                 fraction_flops_removed=result["fraction_flops_removed"]))
+                                 fraction_flops_removed=result["fraction_flops_removed"],
+                                 examples=len(self.eval_sets[split])))
         return pd.DataFrame(rows)
 
 
 def mean_over_seeds(curves: Sequence[pd.DataFrame], method: str) -> pd.DataFrame:
     """Average several seeds' curves level by level, with the standard deviation as metric_std."""
-    keys = ["split", "fraction_pruned", "heads_pruned"]
+    keys = ["split", "fraction_pruned", "heads_pruned", "examples"]
     stacked = pd.concat(curves)
     out = stacked.groupby(keys, sort=False).agg(
         metric=("metric", "mean"), metric_std=("metric", "std"),

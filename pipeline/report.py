@@ -12,7 +12,7 @@ Inputs in report_dir (columns):
                         [, fraction_flops_removed]
     recovery.csv        fraction_pruned, metric_before, metric_after
     benchmark.csv       fraction_pruned, batch_size, attn_implementation, examples_per_s, speedup,
-                        ideal_speedup, params [, peak_memory_mb]
+                        ideal_speedup, params [, weights_mb, activations_mb, peak_memory_mb]
                         (speedup = throughput ratio pruned / unpruned, 1.0 = no change)
 
 CLI:  python -m pipeline.report <report_dir> --title "..."
@@ -434,8 +434,9 @@ def _section_ablation(doc: Doc, inp: Inputs) -> None:
         f"boxed * = significant at p < {ALPHA}.",
     )
     improving = int((sig["delta"] > 0).sum())
+    on = f" on {int(df['examples'].iloc[0])} examples" if "examples" in df else ""
     doc.p(
-        f"{len(sig)} of {len(df)} single-head removals change {inp.metric_name} significantly "
+        f"Evaluated{on}: {len(sig)} of {len(df)} single-head removals change {inp.metric_name} significantly "
         f"(p < {ALPHA}, uncorrected), {improving} of them for the better. With {len(df)} tests about "
         f"{ALPHA * len(df):.0f} would be expected at this level by chance alone."
     )
@@ -571,6 +572,10 @@ def _section_curves(doc: Doc, inp: Inputs) -> None:
     if curve is None:
         return
     doc.h(1, "Pruning curves")
+    if "examples" in curve:
+        sizes = curve.groupby("split", sort=False)["examples"].first()
+        doc.p("Every level is evaluated on " + " and ".join(f"{int(n)} {s}" for s, n in sizes.items())
+              + " examples.")
     for name, title, methods in _method_groups(curve):
         fig = _curve_figure(inp, curve, methods, "fraction_pruned", "heads pruned (% of all heads)", title)
         doc.figure(fig, f"{name}.png", f"{title}: {inp.metric_name} vs. share of heads pruned.")
@@ -660,16 +665,19 @@ def _section_benchmark(doc: Doc, inp: Inputs) -> None:
         doc.h(2, f"Compared with the paper's Table 4 ({_pct(frac)} of heads pruned)")
         doc.table(df)
     if "peak_memory_mb" in bench and bench["peak_memory_mb"].notna().any():
-        mem = bench.pivot_table(
-            index=["attn_implementation", "batch_size"],
-            columns="fraction_pruned",
-            values="peak_memory_mb",
-            aggfunc="mean",
-        )
-        mem.columns = [f"{_pct(c)} pruned" for c in mem.columns]
-        mem = mem.reset_index().rename(columns={"attn_implementation": "attention", "batch_size": "batch"})
-        doc.h(2, "Peak memory (MB)")
-        doc.table(mem.astype(object).map(lambda v: _num(v, 0) if isinstance(v, float) else v))
+        mem = bench.dropna(subset=["peak_memory_mb"]).drop_duplicates(["attn_implementation", "fraction_pruned"])
+        columns = [c for c in ("weights_mb", "activations_mb", "peak_memory_mb") if c in mem]
+        mem = mem.sort_values(["attn_implementation", "fraction_pruned"])[
+            ["attn_implementation", "batch_size", "fraction_pruned", *columns]]
+        mem["fraction_pruned"] = mem["fraction_pruned"].map(_pct)
+        mem = mem.rename(columns={"attn_implementation": "attention", "batch_size": "batch",
+                                  "fraction_pruned": "heads pruned", "weights_mb": "weights (MiB)",
+                                  "activations_mb": "peak activations (MiB)", "peak_memory_mb": "peak total (MiB)"})
+        doc.h(2, "Peak memory of one forward pass")
+        doc.p("Weights plus the peak of live activations, from torch's CPU allocator (exact, not the "
+              "process's resident set). Heads hold a small share of the weights, and under sdpa the "
+              "feed-forward activations, not attention scores, set the peak.")
+        doc.table(mem.astype(object).map(lambda v: _num(v, 1) if isinstance(v, float) else v))
 
 
 def _table4(bench: pd.DataFrame) -> tuple[float, pd.DataFrame] | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.atomic import write_csv
-from pipeline.bench import measure_throughput, peak_memory_mb
+from pipeline.bench import forward_memory_mb, measure_throughput
 from pipeline.experiment import Experiment, log
 
 
@@ -20,7 +20,8 @@ def main() -> None:
     examples = test.select(range(min(max(b.batch_sizes), len(test))))
     encoded = tokenizer.pad({"input_ids": examples["input_ids"]}, padding="max_length", max_length=b.seq_len,
                             return_tensors="pt")
-    rows = []
+    rows, memory = [], []
+    largest = max(b.batch_sizes)
     for impl in b.attn_implementations:
         models = {f: exp.load(d) for f, d in dirs.items()}
         for model in models.values():
@@ -28,10 +29,13 @@ def main() -> None:
         for batch_size in b.batch_sizes:
             inputs = {k: v[:batch_size, : b.seq_len] for k, v in encoded.items()}
             rows += measure_throughput(models, inputs, b.repeats)
-    table = pd.DataFrame(rows)
-    largest = max(b.batch_sizes)
-    memory = {f: peak_memory_mb(d, largest, b.seq_len) for f, d in dirs.items()}
-    table["peak_memory_mb"] = table.fraction_pruned.map(memory)
+        inputs = {k: v[:largest, : b.seq_len] for k, v in encoded.items()}
+        memory += [dict(fraction_pruned=f, attn_implementation=impl, batch_size=largest,
+                        **forward_memory_mb(model, inputs)) for f, model in models.items()]
+    # Memory at the largest batch: weights plus the peak of live activations, and their sum.
+    table = pd.DataFrame(rows).merge(pd.DataFrame(memory), how="left",
+                                     on=["fraction_pruned", "attn_implementation", "batch_size"])
+    table["peak_memory_mb"] = table.weights_mb + table.activations_mb
     write_csv(exp.reports / "benchmark.csv", table)
     for r in table[table.batch_size == largest].itertuples():
         log.info("benchmark: %.0f%% pruned, batch %d, %s: %.1f ex/s, speedup %.3f (ideal %.3f)",

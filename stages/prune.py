@@ -38,7 +38,7 @@ def main() -> None:
     p, task = exp.params, exp.task()
     pp = p.prune
     model, tokenizer = exp.load(exp.finetuned_dir), exp.tokenizer()
-    eval_sets = exp.eval_sets()
+    eval_sets = exp.eval_sets(max_examples=pp.max_examples)
     num_heads = [site.num_heads for site in attention_sites(model)]
     total = sum(num_heads)
     counts = [heads_for(level, total) for level in pruning_levels(pp.step, pp.max_fraction)]

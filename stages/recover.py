@@ -14,19 +14,18 @@ def main() -> None:
     exp = Experiment.from_params_file()
     p, task = exp.params, exp.task()
     r = p.recover
-    train, tokenizer, eval_sets = exp.splits()["train"], exp.tokenizer(), exp.eval_sets()
+    train, tokenizer = exp.splits()["train"], exp.tokenizer()
+    test = exp.eval_sets(("test",))["test"]
     config = TrainConfig(batch_size=r.batch_size, learning_rate=r.learning_rate, warmup_ratio=r.warmup_ratio,
                          weight_decay=r.weight_decay, steps=r.steps, seed=p.seed)
     rows = []
     for fraction in p.prune.save_fractions:
         model = exp.load(exp.pruned_dir(fraction))
-        before = {s: evaluate(model, es, task["metric"])[0] for s, es in eval_sets.items()}
+        before = evaluate(model, test, task["metric"])[0]
         finetune(model, train, tokenizer, config)
-        after = {s: evaluate(model, es, task["metric"])[0] for s, es in eval_sets.items()}
-        rows.append(dict(fraction_pruned=fraction, metric_before=before["test"], metric_after=after["test"],
-                         dev_before=before["dev"], dev_after=after["dev"]))
-        log.info("recover: %.0f%% pruned, test %.2f -> %.2f after %d steps", 100 * fraction, before["test"],
-                 after["test"], r.steps)
+        after = evaluate(model, test, task["metric"])[0]
+        rows.append(dict(fraction_pruned=fraction, metric_before=before, metric_after=after))
+        log.info("recover: %.0f%% pruned, test %.2f -> %.2f after %d steps", 100 * fraction, before, after, r.steps)
     write_csv(exp.reports / "recovery.csv", pd.DataFrame(rows))
 
 

@@ -1,5 +1,5 @@
 """Specification of the pieces the classification stages compose: params validation, evaluation batching,
-ablation with replayed lower layers, and pruning curves."""
+ablation with replayed lower layers, pruning curves and memory accounting."""
 
 from __future__ import annotations
 
@@ -10,12 +10,20 @@ import torch
 from datasets import Dataset
 
 from pipeline.ablation import ablation_tables, record_block_outputs, replay_blocks_below
+from pipeline.bench import forward_memory_mb
 from pipeline.config import ParamsError, load_params, parse_params
 from pipeline.evaluation import make_eval_set, predict
 from pipeline.gates import head_gates
 from pipeline.importance import random_order
 from pipeline.metrics import compute_metric
-from pipeline.pruning import CurveEvaluator, mean_over_seeds, plans_from_order, pruning_levels, reestimated_plans
+from pipeline.pruning import (
+    CurveEvaluator,
+    mean_over_seeds,
+    plans_from_order,
+    pruned_copy,
+    pruning_levels,
+    reestimated_plans,
+)
 from pipeline.sites import layer_stack
 from tests.tiny_models import tiny_model
 
@@ -127,7 +135,8 @@ def test_curve_evaluates_each_distinct_plan_once_and_reports_flops_removed():
     order = random_order([4, 4], seed=0)
     curve = evaluator.curve("random", plans_from_order(order, [4, 4], [0, 2, 4, 8]), progress=False)
     assert list(curve.columns) == ["method", "split", "fraction_pruned", "heads_pruned", "metric",
-                                   "fraction_flops_removed"]
+                                   "fraction_flops_removed", "examples"]
+    assert set(curve.examples) == {30}
     assert curve.fraction_pruned.tolist() == [0, 0, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0]
     removed = curve.fraction_flops_removed.to_numpy()
     assert removed[0] == 0 and np.all(np.diff(removed[::2]) > 0)
@@ -159,8 +168,24 @@ def test_reestimated_plans_cannot_break_the_minimum_per_site():
 
 def test_random_baseline_is_the_mean_over_seeds_with_its_spread():
     a = pd.DataFrame(dict(method="random", split="dev", fraction_pruned=[0, 0.5], heads_pruned=[0, 4],
-                          metric=[80.0, 70.0], fraction_flops_removed=[0, 0.1]))
+                          metric=[80.0, 70.0], fraction_flops_removed=[0, 0.1], examples=50))
     b = a.assign(metric=[80.0, 60.0])
     mean = mean_over_seeds([a, b], "random")
     assert mean.metric.tolist() == [80.0, 65.0]
     assert mean.metric_std.iloc[1] == pytest.approx(np.std([70, 60], ddof=1))
+
+
+# --- memory ------------------------------------------------------------------------------------------
+
+
+def test_forward_memory_is_exact_and_shrinks_with_the_heads_removed():
+    model = tiny_model("bert", attn_implementation="eager")
+    inputs = {"input_ids": torch.randint(3, 96, (16, 32))}
+    full = forward_memory_mb(model, inputs)
+    assert full == forward_memory_mb(model, inputs)  # allocator accounting, not the noisy resident set
+    weights = sum(p.numel() * 4 for p in model.parameters()) + sum(b.numel() * b.element_size()
+                                                                     for b in model.buffers())
+    assert full["weights_mb"] == round(weights / 2**20, 2)
+    pruned = forward_memory_mb(pruned_copy(model, {0: [0, 1], 1: [2, 3]}), inputs)
+    # Eager attention materialises [batch, heads, seq, seq] scores: half the heads, smaller peak.
+    assert pruned["weights_mb"] < full["weights_mb"] and 0 < pruned["activations_mb"] < full["activations_mb"]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pandas as pd
 import pytest
@@ -39,9 +40,9 @@ def tiny_params() -> dict:
     params["data"].update(source="data.csv", max_length=16)
     params["finetune"].update(epochs=1, batch_size=16)
     params["eval"]["batch_size"] = 32
-    params["ablate"]["n_resamples"] = 100
+    params["ablate"].update(n_resamples=100, max_examples=12)  # of 16 test examples
     params["score"].update(max_examples=32, batch_size=16)
-    params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5])
+    params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=None)
     params["recover"].update(steps=2, batch_size=8)
     params["benchmark"].update(batch_sizes=[1, 2], seq_len=16, repeats=1)
     return params
@@ -99,7 +100,11 @@ def test_repro_writes_every_table_figure_and_report(repo):
     curve = pd.read_csv(reports / "pruning_curve.csv")
     assert set(curve.method) == {"importance", "reestimated", "random"} and set(curve.split) == {"dev", "test"}
     assert sorted(curve.fraction_pruned.unique()) == [0.0, 0.25, 0.5, 0.75]
-    assert len(pd.read_csv(reports / "ablation.csv")) == 8
+    ablation = pd.read_csv(reports / "ablation.csv")
+    assert len(ablation) == 8 and set(ablation.examples) == {12}
+    splits = datasets.load_from_disk(str(repo / "artifacts" / "tiny" / "data"))
+    sizes = curve.groupby("split").examples.unique().map(list).to_dict()
+    assert sizes == {s: [len(splits[s])] for s in ("dev", "test")}
     html = (reports / "report.html").read_text()
     assert "<img" in html and not re.search(r"(src|href)=\"https?://", html)
     assert (repo / "artifacts" / "tiny" / "pruned" / "50" / "head_pruning.json").exists()
