@@ -1,0 +1,393 @@
+"""Task data for machine translation: load, split, tokenize.
+
+Every source ends up as a DatasetDict with "train", "dev" and "test" splits holding two string
+columns, "source" and "target" (one row per sentence pair, in the requested direction). Sources:
+
+- "default": the offline default, English-Spanish sentence pairs from Tatoeba (CC-BY 2.0 FR) as
+  packaged by manythings.org (see assets.MT_DATA), split by `split_by_source`.
+- "wmt14/<xx>-en" and "iwslt2017/<xx>-<yy>": the Hugging Face hub. WMT14's validation set
+  (newstest2013) is our dev and its test set (newstest2014) our test, as in Vaswani et al. (2017)
+  and Michel et al. (2019); IWSLT2017 likewise maps validation -> dev, test -> test.
+- a local CSV/TSV/JSON/JSONL file, or a directory holding train.* and optionally dev.* (or
+  validation.*) and test.*, with either named source/target columns or the hub's schema, a
+  "translation" column of {language code: sentence} dicts.
+
+Evaluation sets can be capped (`max_eval_pairs`) because beam search on a CPU is slow.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import datasets
+import numpy as np
+import pandas as pd
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from pipeline.data import LOCAL_FORMATS, SPLITS, _check_fractions, _find_local_files
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+TATOEBA_LANGS = ("en", "es")  # the columns of spa.tsv, in file order
+
+
+@dataclass(frozen=True)
+class HubCorpus:
+    repo: str
+    config_prefix: str  # hub config name = prefix + pair
+    pairs: tuple[str, ...]
+    splits: tuple[tuple[str, str], ...] = (("train", "train"), ("dev", "validation"), ("test", "test"))
+
+
+HUB_CORPORA = {
+    "wmt14": HubCorpus("wmt/wmt14", "", ("cs-en", "de-en", "fr-en", "hi-en", "ru-en")),
+    "iwslt2017": HubCorpus(
+        "IWSLT/iwslt2017",
+        "iwslt2017-",
+        tuple(
+            f"{a}-{b}"
+            for x in ("ar", "de", "fr", "it", "ja", "ko", "nl", "ro", "zh")
+            for a, b in (("en", x), (x, "en"))
+        ),
+    ),
+}
+
+
+# --- the offline default -----------------------------------------------------------------------------
+
+
+def load_tatoeba_pairs(path: str | Path) -> pd.DataFrame:
+    """Read manythings.org's spa.tsv into columns source (English), target (Spanish), attribution.
+
+    The file is UTF-8 with no header and three tab-separated fields per line: English, Spanish, and the
+    CC-BY 2.0 (France) attribution naming both Tatoeba sentence ids and their authors. An English
+    sentence may appear on several lines, once per accepted translation. Quoting is off because
+    sentences contain bare quote characters.
+    """
+    expected = "3 tab-separated fields (English, Spanish, attribution)"
+    try:
+        df = pd.read_csv(
+            path,
+            sep="\t",
+            header=None,
+            names=["source", "target", "attribution"],
+            encoding="utf-8",
+            quoting=csv.QUOTE_NONE,
+            keep_default_na=False,
+            dtype=str,
+        )
+    except pd.errors.ParserError as e:
+        raise ValueError(f"{path}: expected {expected} per line: {e}") from None
+    short = df["attribution"].str.strip() == ""  # a missing field reads as ""
+    if short.any():
+        raise ValueError(f"{path}: line {int(np.flatnonzero(short)[0]) + 1} has fewer than {expected}")
+    empty = (df["source"].str.strip() == "") | (df["target"].str.strip() == "")
+    if empty.any():
+        raise ValueError(f"{path}: {int(empty.sum())} line(s) with an empty English or Spanish sentence")
+    return df
+
+
+# --- splitting ---------------------------------------------------------------------------------------
+
+
+def _pair_groups(df: pd.DataFrame) -> np.ndarray:
+    """Group id of every row: the connected components of the graph linking each source sentence to
+    each of its targets. Rows sharing a source or a target are in one group, so a split made of whole
+    groups puts no dev/test sentence, on either side, into train. On Tatoeba en-es the largest group
+    has 68 pairs, so the groups are small enough to split finely."""
+    src = pd.factorize(df["source"])[0]
+    tgt = pd.factorize(df["target"])[0] + src.max() + 1  # one node numbering for both sides
+    n = int(tgt.max()) + 1
+    graph = coo_matrix((np.ones(len(src)), (src, tgt)), shape=(n, n))
+    return connected_components(graph, directed=False)[1][src]
+
+
+def split_by_source(
+    df: pd.DataFrame,
+    fractions: tuple[float, ...] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+    max_eval_pairs: int | None = None,
+) -> dict[str, pd.DataFrame]:
+    """Split pairs into train/dev/test (or len(fractions) parts, named SPLITS then part3, ...) by group.
+
+    All translations of one source sentence stay in one split (and, more strictly, every row sharing a
+    source or target sentence: see _pair_groups), so the model is never tested on a sentence it was
+    trained on. Groups are permuted by a seeded numpy Generator and the split boundaries fall at the
+    first group reaching the cumulative fraction of rows, so the row fractions are exact up to one group.
+
+    Evaluation splits keep one row per pair: a source with k translations is scored k times with one
+    reference each, rather than once against k references, so each row is an ordinary (source, target)
+    example for both BLEU and the importance loss. `max_eval_pairs` caps every split after the first:
+    whole groups are kept in permuted order while they fit, and the rest is dropped (not moved to
+    train), so train does not depend on the cap. Rows keep their file order within a split.
+    """
+    f = _check_fractions(fractions)
+    missing = {"source", "target"} - set(df.columns)
+    if missing:
+        raise ValueError(f"split_by_source needs columns source, target; missing {sorted(missing)}")
+    if max_eval_pairs is not None and max_eval_pairs < 1:
+        raise ValueError(f"max_eval_pairs must be positive (or None for no cap); got {max_eval_pairs}")
+    if len(df) == 0:
+        raise ValueError("split_by_source got no pairs")
+    groups = _pair_groups(df)
+    group_sizes = np.bincount(groups)
+    order = np.random.default_rng(seed).permutation(len(group_sizes))
+    # A group goes to the part whose cumulative-fraction interval holds its first row.
+    starts = np.cumsum(group_sizes[order]) - group_sizes[order]
+    part_of = np.searchsorted(np.cumsum(f)[:-1] * len(df), starts, side="right")
+    names = [*SPLITS, *(f"part{i}" for i in range(len(SPLITS), len(f)))][: len(f)]
+    out = {}
+    for k, name in enumerate(names):
+        chosen = order[part_of == k]
+        if k > 0 and max_eval_pairs is not None:
+            chosen = chosen[np.cumsum(group_sizes[chosen]) <= max_eval_pairs]
+        rows = np.flatnonzero(np.isin(groups, chosen))
+        out[name] = df.iloc[rows].reset_index(drop=True)
+    return out
+
+
+# --- sources -----------------------------------------------------------------------------------------
+
+
+def fetch_hub_translation(repo: str, config: str) -> datasets.DatasetDict:
+    """The only hub call (kept alone so tests can replace it with local data)."""
+    return datasets.load_dataset(repo, config)
+
+
+def _to_dataset(df: pd.DataFrame) -> datasets.Dataset:
+    features = datasets.Features({"source": datasets.Value("string"), "target": datasets.Value("string")})
+    frame = df[["source", "target"]].reset_index(drop=True)
+    return datasets.Dataset.from_pandas(frame, features=features, preserve_index=False)
+
+
+def _check_pair(langs: tuple[str, ...], source_lang: str, target_lang: str, where: str) -> None:
+    if source_lang == target_lang or {source_lang, target_lang} != set(langs):
+        raise ValueError(
+            f"{where} has languages {'-'.join(langs)}; got source_lang={source_lang!r}, "
+            f"target_lang={target_lang!r} (allowed: {langs[0]}->{langs[1]} or {langs[1]}->{langs[0]})"
+        )
+
+
+def _cap(ds: datasets.Dataset, max_pairs: int | None, seed: int) -> datasets.Dataset:
+    """A seeded subsample of at most `max_pairs` rows, in the original order."""
+    if max_pairs is None or len(ds) <= max_pairs:
+        return ds
+    keep = np.sort(np.random.default_rng(seed).choice(len(ds), size=max_pairs, replace=False))
+    return ds.select(keep)
+
+
+def _from_translation_dicts(ds: datasets.Dataset, source_lang: str, target_lang: str, where: str) -> datasets.Dataset:
+    first = ds[0]["translation"] if len(ds) else {}
+    missing = [lang for lang in (source_lang, target_lang) if lang not in first]
+    if missing:
+        raise ValueError(f"{where}: 'translation' has no language(s) {missing}; it has {sorted(first)}")
+
+    def pick(batch):
+        return {
+            "source": [t[source_lang] for t in batch["translation"]],
+            "target": [t[target_lang] for t in batch["translation"]],
+        }
+
+    return ds.map(pick, batched=True, remove_columns=ds.column_names, desc=f"{where}: {source_lang}->{target_lang}")
+
+
+def _load_hub(
+    name: str,
+    source_lang: str | None,
+    target_lang: str | None,
+    max_train_pairs: int | None,
+    max_eval_pairs: int | None,
+    seed: int,
+) -> datasets.DatasetDict:
+    corpus_name, _, pair = name.partition("/")
+    corpus = HUB_CORPORA[corpus_name]
+    if pair not in corpus.pairs:
+        raise ValueError(f"unknown {corpus_name} language pair {pair!r}; allowed: {', '.join(corpus.pairs)}")
+    langs = tuple(pair.split("-"))
+    source_lang, target_lang = source_lang or langs[0], target_lang or langs[1]
+    _check_pair(langs, source_lang, target_lang, name)
+    try:
+        raw = fetch_hub_translation(corpus.repo, corpus.config_prefix + pair)
+    except Exception as e:
+        raise RuntimeError(
+            f"{name}: could not load {corpus.repo} (config {corpus.config_prefix + pair}) from the hub: "
+            f"{type(e).__name__}: {e}. Offline, pass local train/dev/test files instead."
+        ) from e
+    out = {}
+    for ours, theirs in corpus.splits:
+        if theirs not in raw:
+            raise ValueError(f"{name}: split {theirs!r} missing; available: {list(raw)}")
+        if "translation" not in raw[theirs].column_names:
+            raise ValueError(f"{name} split {theirs!r}: no 'translation' column; has {raw[theirs].column_names}")
+        ds = _cap(raw[theirs], max_train_pairs if ours == "train" else max_eval_pairs, seed)
+        out[ours] = _from_translation_dicts(ds, source_lang, target_lang, f"{name} {theirs}")
+    return datasets.DatasetDict(out)
+
+
+def _read_frame(path: Path) -> pd.DataFrame:
+    """Read one local file, text kept as strings ("NA" stays "NA", "007" stays "007")."""
+    ext = path.suffix.lower()
+    if ext in (".csv", ".tsv"):
+        # Parallel corpora are full of unbalanced quotes, so TSV is read without quoting.
+        quoting = csv.QUOTE_NONE if ext == ".tsv" else csv.QUOTE_MINIMAL
+        return pd.read_csv(
+            path, sep="\t" if ext == ".tsv" else ",", quoting=quoting, keep_default_na=False, dtype=str
+        )
+    if ext in (".json", ".jsonl"):
+        with open(path, encoding="utf-8") as f:
+            head = f.read(1024).lstrip()
+        if head.startswith("["):  # one JSON array of records
+            return pd.DataFrame(json.loads(path.read_text("utf-8")))
+        return pd.read_json(path, lines=True, dtype=False)
+    raise ValueError(f"{path}: unsupported file type {ext!r}; expected one of {', '.join(LOCAL_FORMATS)}")
+
+
+def _read_pairs(
+    path: Path, source_column: str, target_column: str, source_lang: str | None, target_lang: str | None
+) -> pd.DataFrame:
+    """One local file as columns source, target: named columns, else the hub's "translation" dicts."""
+    df = _read_frame(path)
+    if {source_column, target_column} <= set(df.columns):
+        out = pd.DataFrame({"source": df[source_column], "target": df[target_column]})
+    elif "translation" in df.columns:
+        if source_lang is None or target_lang is None:
+            raise ValueError(f"{path}: a 'translation' column needs source_lang and target_lang to pick languages")
+        rows = df["translation"]
+        bad = [i for i, t in enumerate(rows) if not isinstance(t, dict)]
+        if bad:
+            raise ValueError(f"{path}: 'translation' must hold {{language: sentence}} objects; row {bad[0]} does not")
+        missing = sorted({lang for t in rows for lang in (source_lang, target_lang) if lang not in t})
+        if missing:
+            raise ValueError(f"{path}: some 'translation' entries lack language(s) {missing}")
+        out = pd.DataFrame({"source": [t[source_lang] for t in rows], "target": [t[target_lang] for t in rows]})
+    else:
+        raise ValueError(
+            f"{path}: expected columns {source_column!r} and {target_column!r}, or a 'translation' column "
+            f"of {{language: sentence}} objects; available columns: {list(df.columns)}"
+        )
+    for column in ("source", "target"):
+        blank = out[column].isna() | out[column].astype(str).str.strip().eq("")
+        if blank.any():
+            raise ValueError(f"{path}: {int(blank.sum())} row(s) with an empty {column} sentence")
+    return out.astype(str)
+
+
+def _load_local(
+    files: Mapping[str, Path],
+    source_column: str,
+    target_column: str,
+    source_lang: str | None,
+    target_lang: str | None,
+    fractions: tuple[float, float, float],
+    max_eval_pairs: int | None,
+    seed: int,
+) -> datasets.DatasetDict:
+    unknown = sorted(set(files) - set(SPLITS))
+    if unknown or "train" not in files:
+        raise ValueError(f"local files must name a 'train' split and optionally 'dev', 'test'; got {sorted(files)}")
+    for split, path in files.items():
+        if not Path(path).is_file():
+            raise ValueError(f"{split} file {path} does not exist")
+    frames = {
+        s: _read_pairs(Path(p), source_column, target_column, source_lang, target_lang) for s, p in files.items()
+    }
+    f = _check_fractions(fractions)
+    train = frames.pop("train")
+    # Carve any missing evaluation split out of train, by group as for the default corpus.
+    need = [s for s in ("dev", "test") if s not in frames]
+    if need:
+        kept = np.array([f[0], *(f[SPLITS.index(s)] for s in need)])
+        parts = split_by_source(train, tuple(kept / kept.sum()), seed, max_eval_pairs)
+        train = parts["train"]
+        for s, key in zip(need, SPLITS[1:], strict=False):
+            frames[s] = parts[key]
+    dsd = {"train": _to_dataset(train)}
+    for s in ("dev", "test"):
+        dsd[s] = _cap(_to_dataset(frames[s]), max_eval_pairs, seed)
+    return datasets.DatasetDict(dsd)
+
+
+def load_translation_task(
+    source: str,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    *,
+    tatoeba_path: str | Path | None = None,
+    files: Mapping[str, str | Path] | None = None,
+    source_column: str = "source",
+    target_column: str = "target",
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    max_train_pairs: int | None = None,
+    max_eval_pairs: int | None = None,
+    seed: int = 0,
+) -> datasets.DatasetDict:
+    """Load any supported source as train/dev/test with string columns source, target.
+
+    source: "default" (Tatoeba en-es at `tatoeba_path`), "wmt14/<pair>", "iwslt2017/<pair>", a local
+        file (split by `fractions`), a local directory holding train.* (+ dev.*/validation.*, test.*),
+        or "local" together with `files` (split name -> path).
+    source_lang, target_lang: the direction. Default: en->es for "default", the pair's order for the
+        hub (e.g. "wmt14/fr-en" -> fr->en). Local files need them only for the "translation" schema.
+    max_train_pairs: a seeded subsample of hub train sets (WMT14 fr-en has ~40M pairs).
+    max_eval_pairs: cap on dev and test (seeded; by group where the split is carved here).
+    """
+    for name, value in (("max_train_pairs", max_train_pairs), ("max_eval_pairs", max_eval_pairs)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be positive (or None for no cap); got {value}")
+    if source == "default":
+        if tatoeba_path is None:
+            raise ValueError("source 'default' needs tatoeba_path (spa.tsv, see assets.MT_DATA)")
+        source_lang, target_lang = source_lang or TATOEBA_LANGS[0], target_lang or TATOEBA_LANGS[1]
+        _check_pair(TATOEBA_LANGS, source_lang, target_lang, "the default Tatoeba corpus")
+        df = load_tatoeba_pairs(tatoeba_path)
+        if source_lang != TATOEBA_LANGS[0]:
+            df = df.rename(columns={"source": "target", "target": "source"})
+        parts = split_by_source(df, fractions, seed, max_eval_pairs)
+        return datasets.DatasetDict({s: _to_dataset(parts[s]) for s in SPLITS})
+    if source.partition("/")[0] in HUB_CORPORA:
+        return _load_hub(source, source_lang, target_lang, max_train_pairs, max_eval_pairs, seed)
+    if files is not None:
+        paths = {s: Path(p) for s, p in files.items()}
+    elif Path(source).is_dir():
+        paths = _find_local_files(Path(source))
+    elif Path(source).is_file():
+        paths = {"train": Path(source)}
+    else:
+        raise ValueError(
+            f"unknown translation source {source!r}: expected 'default', "
+            f"{', '.join(f'{c!r}/<pair>' for c in HUB_CORPORA)}, an existing local file or directory, or files"
+        )
+    return _load_local(
+        paths, source_column, target_column, source_lang, target_lang, fractions, max_eval_pairs, seed
+    )
+
+
+# --- tokenization ------------------------------------------------------------------------------------
+
+
+def tokenize_pairs(
+    dsd: datasets.DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int = 128
+) -> datasets.DatasetDict:
+    """Tokenize every split to input_ids, attention_mask (source) and labels (target, ending in </s>).
+
+    Both sides are truncated to max_length tokens (the </s> is kept) but not padded: batches are padded
+    to their own longest sequence, labels with -100 so padding is never scored. The text columns stay:
+    BLEU is computed on the raw references, not on detokenised pieces.
+    """
+
+    def encode(batch):
+        return tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
+
+    return datasets.DatasetDict(
+        {
+            name: ds.map(encode, batched=True, desc=f"tokenize {name}")
+            for name, ds in dsd.items()
+        }
+    )
