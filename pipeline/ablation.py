@@ -16,9 +16,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.evaluation import EvalSet, predict
+from pipeline.evaluation import ClassificationEval, EvalSet, TaskEval
 from pipeline.gates import head_gates
-from pipeline.metrics import compute_metric, paired_bootstrap_pvalue
 from pipeline.sites import attention_sites, layer_stack
 
 
@@ -75,24 +74,23 @@ def replay_blocks_below(model: nn.Module, stack: nn.ModuleList, layer: int, outp
 
 
 def ablation_tables(
-    model: nn.Module, eval_set: EvalSet, metric: str, n_resamples: int = 1000, seed: int = 0,
-    progress: bool = True,
+    model: nn.Module, task_eval: TaskEval, n_resamples: int = 1000, seed: int = 0, progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(ablation, one_head): every head masked alone, and every layer reduced to each single head.
 
     ablation: kind, layer, head, metric, delta, p_value (paired bootstrap against the full model).
     one_head: kind, layer, best_head, metric, delta (the best single head kept in that layer).
+    `task_eval` is a `ClassificationEval` or a `TranslationEval` (BLEU).
     """
-    base_preds = predict(model, eval_set)
-    base = compute_metric(metric, base_preds, eval_set.labels)
+    base, base_outputs = task_eval(model)
     sites = attention_sites(model)
     ablation_rows, one_head_rows = [], []
     bar = tqdm(total=2 * sum(s.num_heads for s in sites), desc="ablate", disable=not progress)
     for index, site in enumerate(sites):
         stack = layer_stack(model, site.kind)
         # Replay counts one model call per batch, which holds for encoders but not for generate().
-        replay = site.layer > 0 and not model.config.is_encoder_decoder
-        outputs = record_block_outputs(model, stack[site.layer - 1], eval_set) if replay else None
+        replay = (site.layer > 0 and not model.config.is_encoder_decoder and isinstance(task_eval, ClassificationEval))
+        outputs = record_block_outputs(model, stack[site.layer - 1], task_eval.eval_set) if replay else None
         with head_gates(model) as gates, (
             replay_blocks_below(model, stack, site.layer, outputs) if replay else nullcontext()
         ):
@@ -100,16 +98,15 @@ def ablation_tables(
             for head in range(site.num_heads):
                 gates[index] = torch.ones_like(gates[index])
                 gates[index][head] = 0.0
-                preds = predict(model, eval_set)
-                score = compute_metric(metric, preds, eval_set.labels)
-                p = paired_bootstrap_pvalue(metric, preds, base_preds, eval_set.labels, n_resamples, seed)
+                score, masked_outputs = task_eval(model)
+                p = task_eval.pvalue(masked_outputs, base_outputs, n_resamples, seed)
                 ablation_rows.append(dict(kind=site.kind, layer=site.layer, head=head, metric=score,
                                           delta=score - base, p_value=p))
                 bar.update()
             for head in range(site.num_heads):
                 gates[index] = torch.zeros_like(gates[index])
                 gates[index][head] = 1.0
-                score = compute_metric(metric, predict(model, eval_set), eval_set.labels)
+                score = task_eval(model)[0]
                 if best is None or score > best[1]:
                     best = (head, score)
                 bar.update()
@@ -117,4 +114,3 @@ def ablation_tables(
                                       delta=best[1] - base))
     bar.close()
     return pd.DataFrame(ablation_rows), pd.DataFrame(one_head_rows)
-

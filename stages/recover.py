@@ -11,7 +11,7 @@ from pipeline.training import TrainConfig, finetune
 
 
 def main() -> None:
-    exp = Experiment.from_params_file()
+    exp = Experiment.from_cli()
     p, task = exp.params, exp.task()
     r = p.recover
     train, tokenizer = exp.splits()["train"], exp.tokenizer()

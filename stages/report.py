@@ -7,7 +7,7 @@ from pipeline.report import build_report
 
 
 def main() -> None:
-    exp = Experiment.from_params_file()
+    exp = Experiment.from_cli()
     task = exp.task()
     path = build_report(exp.reports, title=f"Head pruning: {task['model']} on {task['data']}")
     log.info("report: %s", path)

@@ -11,7 +11,7 @@ from pipeline.sites import attention_sites
 
 
 def main() -> None:
-    exp = Experiment.from_params_file()
+    exp = Experiment.from_cli()
     p = exp.params
     model = exp.load(exp.finetuned_dir)
     batches = exp.score_batches()

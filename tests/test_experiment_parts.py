@@ -12,7 +12,7 @@ from datasets import Dataset
 from pipeline.ablation import ablation_tables, record_block_outputs, replay_blocks_below
 from pipeline.bench import forward_memory_mb
 from pipeline.config import ParamsError, load_params, parse_params
-from pipeline.evaluation import make_eval_set, predict
+from pipeline.evaluation import ClassificationEval, make_eval_set, predict
 from pipeline.gates import head_gates
 from pipeline.importance import random_order
 from pipeline.metrics import compute_metric
@@ -53,9 +53,11 @@ def tiny_dataset(n: int = 40, seed: int = 0) -> Dataset:
 # --- params ------------------------------------------------------------------------------------------
 
 
-def test_the_shipped_params_file_is_valid():
+def test_the_shipped_params_files_are_valid():
     params = load_params("params.yaml")
-    assert params.prune.step == 0.1 and params.model.name_or_path == "default"
+    assert params.task == "classification" and params.prune.step == 0.1 and params.model.name_or_path == "default"
+    mt = load_params("mt/params.yaml")
+    assert mt.task == "translation" and mt.model.name_or_path == "scratch" and mt.prune.by_kind
 
 
 @pytest.mark.parametrize(
@@ -66,6 +68,12 @@ def test_the_shipped_params_file_is_valid():
         ({"model": {"attn_implementation": "flash"}}, r"model.attn_implementation: Input should be 'sdpa' or 'eager'"),
         ({"data": {"fractions": [0.5, 0.5, 0.5]}}, r"data.fractions: .*summing to 1"),
         ({"experiment": "../x"}, r"experiment: String should match pattern"),
+        ({"task": "summarization"}, r"task: unknown task 'summarization'; allowed: classification, translation"),
+        ({"task": "translation", "translate": {"beams": 4}},
+         r"translate.beams: unknown key; allowed here: num_beams, sweep_num_beams"),
+        ({"task": "translation", "model": {"d_model": 100, "heads": 8}}, r"must be divisible by heads"),
+        ({"task": "translation", "finetune": {"steps": 100, "checkpoint_steps": [100]}},
+         r"checkpoint_steps: \[100\] must lie strictly between 0 and steps=100"),
     ],
 )
 def test_bad_params_fail_in_one_line_naming_the_key(raw, message):
@@ -104,7 +112,8 @@ def test_replaying_lower_layers_gives_the_same_predictions_as_running_them():
 
 def test_ablation_tables_match_masking_each_head_by_hand():
     model, eval_set = tiny_model("bert", seed=3), make_eval_set(tiny_dataset(60), PadTokenizer(), batch_size=16)
-    ablation, one_head = ablation_tables(model, eval_set, "accuracy", n_resamples=200, progress=False)
+    ablation, one_head = ablation_tables(model, ClassificationEval(eval_set, "accuracy"), n_resamples=200,
+                                         progress=False)
     base = compute_metric("accuracy", predict(model, eval_set), eval_set.labels)
     assert list(ablation.columns) == ["kind", "layer", "head", "metric", "delta", "p_value"]
     assert len(ablation) == 8 and list(one_head.columns) == ["kind", "layer", "best_head", "metric", "delta"]
@@ -131,7 +140,8 @@ def test_curve_evaluates_each_distinct_plan_once_and_reports_flops_removed():
     model = tiny_model("bert")
     eval_sets = {"dev": make_eval_set(tiny_dataset(30, 1), PadTokenizer(), 8),
                  "test": make_eval_set(tiny_dataset(30, 2), PadTokenizer(), 8)}
-    evaluator = CurveEvaluator(model, eval_sets, "accuracy", {k: v[:2] for k, v in eval_sets["dev"].batches[0].items()})
+    evaluator = CurveEvaluator(model, {s: ClassificationEval(es, "accuracy") for s, es in eval_sets.items()},
+                               {k: v[:2] for k, v in eval_sets["dev"].batches[0].items()})
     order = random_order([4, 4], seed=0)
     curve = evaluator.curve("random", plans_from_order(order, [4, 4], [0, 2, 4, 8]), progress=False)
     assert list(curve.columns) == ["method", "split", "fraction_pruned", "heads_pruned", "metric",
