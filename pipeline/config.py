@@ -109,7 +109,21 @@ class BenchmarkParams(Section):
 EXPERIMENT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
-class Params(Section):
+class ExperimentSection(Section):
+    """What every experiment's params share: its name, and the output folders named after it."""
+
+    experiment: str
+
+    @property
+    def report_dir(self) -> Path:
+        return Path("reports") / self.experiment
+
+    @property
+    def artifact_dir(self) -> Path:
+        return Path("artifacts") / self.experiment
+
+
+class Params(ExperimentSection):
     """A classification experiment (the default; `task: classification`)."""
 
     task: Literal["classification"] = "classification"
@@ -124,14 +138,6 @@ class Params(Section):
     prune: PruneParams = PruneParams()
     recover: RecoverParams = RecoverParams()
     benchmark: BenchmarkParams = BenchmarkParams()
-
-    @property
-    def report_dir(self) -> Path:
-        return Path("reports") / self.experiment
-
-    @property
-    def artifact_dir(self) -> Path:
-        return Path("artifacts") / self.experiment
 
 
 # --- machine translation (`task: translation`) -----------------------------------------------------------
@@ -217,7 +223,7 @@ class TranslationBenchmarkParams(Section):
     attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
 
 
-class TranslationParams(Section):
+class TranslationParams(ExperimentSection):
     """A machine-translation experiment (`task: translation`)."""
 
     task: Literal["translation"]
@@ -231,14 +237,6 @@ class TranslationParams(Section):
     score: ScoreParams = ScoreParams()
     prune: TranslationPruneParams = TranslationPruneParams()
     benchmark: TranslationBenchmarkParams = TranslationBenchmarkParams()
-
-    @property
-    def report_dir(self) -> Path:
-        return Path("reports") / self.experiment
-
-    @property
-    def artifact_dir(self) -> Path:
-        return Path("artifacts") / self.experiment
 
 
 TASKS = {"classification": Params, "translation": TranslationParams}

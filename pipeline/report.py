@@ -669,7 +669,8 @@ def _section_benchmark(doc: Doc, inp: Inputs) -> None:
         doc.table(pd.DataFrame({
             "attention": rows["attn_implementation"], "batch": rows["batch_size"],
             "heads pruned": rows["fraction_pruned"].map(_pct), "sentences/s": rows["examples_per_s"].map(_num),
-            "tokens/s": rows["tokens_per_s"].map(lambda v: _num(v, 0)), "speedup": rows["speedup"].map(lambda v: _num(v, 2)),
+            "tokens/s": rows["tokens_per_s"].map(lambda v: _num(v, 0)),
+            "speedup": rows["speedup"].map(lambda v: _num(v, 2)),
             "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: _num(v, 2))}))
     table = None if "tokens_per_s" in bench else _table4(bench)
     if table is not None:
