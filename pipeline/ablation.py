@@ -8,7 +8,7 @@ layer and replayed: the blocks below l return the recorded output instead of run
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
 import pandas as pd
@@ -75,18 +75,23 @@ def replay_blocks_below(model: nn.Module, stack: nn.ModuleList, layer: int, outp
 
 def ablation_tables(
     model: nn.Module, task_eval: TaskEval, n_resamples: int = 1000, seed: int = 0, progress: bool = True,
+    site_indices: Sequence[int] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(ablation, one_head): every head masked alone, and every layer reduced to each single head.
 
     ablation: kind, layer, head, metric, delta, p_value (paired bootstrap against the full model).
     one_head: kind, layer, best_head, metric, delta (the best single head kept in that layer).
     `task_eval` is a `ClassificationEval` or a `TranslationEval` (BLEU).
+    `site_indices` restricts the tables to those attention sites (a shard): a site's rows depend only on
+    the site and the seed, so shards concatenated in site order equal the whole table.
     """
     base, base_outputs = task_eval(model)
     sites = attention_sites(model)
+    chosen = range(len(sites)) if site_indices is None else sorted(site_indices)
     ablation_rows, one_head_rows = [], []
-    bar = tqdm(total=2 * sum(s.num_heads for s in sites), desc="ablate", disable=not progress)
-    for index, site in enumerate(sites):
+    bar = tqdm(total=2 * sum(sites[i].num_heads for i in chosen), desc="ablate", disable=not progress)
+    for index in chosen:
+        site = sites[index]
         stack = layer_stack(model, site.kind)
         # Replay counts one model call per batch, which holds for encoders but not for generate().
         replay = (site.layer > 0 and not model.config.is_encoder_decoder and isinstance(task_eval, ClassificationEval))
@@ -114,3 +119,4 @@ def ablation_tables(
                                       delta=best[1] - base))
     bar.close()
     return pd.DataFrame(ablation_rows), pd.DataFrame(one_head_rows)
+

@@ -36,6 +36,7 @@ WHEEL_CACHE = Path(".cache") / "wheels"
 @dataclass(frozen=True)
 class Experiment:
     params: Params | TranslationParams
+    params_file: str = "params.yaml"
 
     @classmethod
     def from_cli(cls, argv: list[str] | None = None) -> Experiment:
@@ -53,7 +54,7 @@ class Experiment:
         transformers.logging.set_verbosity_error()
         datasets.disable_progress_bars()
         try:
-            return cls(load_params(path))
+            return cls(load_params(path), str(path))
         except ParamsError as error:
             raise SystemExit(f"error: {error}") from None
 
