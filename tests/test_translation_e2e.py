@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.test_pipeline_e2e import ran_stages, run
+from tests.tiny_project import ran_stages, run
 
 ROOT = Path(__file__).resolve().parents[1]
 LEXICON = {"the": "el", "cat": "gato", "dog": "perro", "eats": "come", "sees": "ve", "big": "grande",

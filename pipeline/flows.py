@@ -1,0 +1,352 @@
+"""Prefect flows over the DVC pipeline: one experiment's stages as tasks, and sweeps of experiments.
+
+DVC is the one cache of record. A stage task runs `dvc repro <stage>` in the experiment's workspace, so
+DVC alone decides what is stale, exactly as on the command line, and records what ran in dvc.lock and in
+its run-cache. With a DVC remote, the task first pulls the stage's inputs and the run-cache, and pushes its
+outputs and the run-cache after, so a worker on another machine restores what any worker (or a plain
+`dvc repro`) already computed. Prefect adds scheduling, retries, logs and parallel sweeps; it caches
+nothing of its own, so the two can never disagree.
+
+    python -m pipeline.flows experiment -S prune.step=0.05                  # ephemeral: no server needed
+    python -m pipeline.flows sweep steps -m prune.step=0.05 -m prune.step=0.2 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+# Set before Prefect reads its settings: no analytics (these machines are offline, so it would only print
+# network errors), and time for the ephemeral API server to start on a busy 2-core machine (default 20 s).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.exceptions import MissingContextError  # noqa: E402
+from prefect_dask import DaskTaskRunner  # noqa: E402
+from ruamel.yaml import YAML  # noqa: E402
+
+from pipeline.atomic import write_csv, write_text  # noqa: E402
+from pipeline.config import ParamsError, parse_params  # noqa: E402
+
+# The DVC remote that workers share, as a URL (s3://bucket/path, a local folder in tests); a flow's
+# `dvc_remote` parameter takes precedence. It is registered in each workspace as the remote "flows".
+REMOTE_ENV = "SIXTEEN_HEADS_DVC_REMOTE"
+REMOTE_NAME = "flows"
+# Sweep members' workspaces, beside the project (git- and DVC-ignored).
+SWEEPS_DIR = ".sweeps"
+
+_STAGE_LINE = {
+    "ran": re.compile(r"Running stage '([^']+)'"),
+    "restored": re.compile(r"Stage '([^']+)' is cached - skipping run"),
+    "up to date": re.compile(r"Stage '([^']+)' didn't change"),
+}
+
+
+class StageFailed(RuntimeError):
+    """A DVC command failed; the message ends with the stage's own error output."""
+
+
+def _logger():
+    try:
+        return get_run_logger()
+    except MissingContextError:  # called outside a flow run, e.g. from a test
+        import logging
+
+        return logging.getLogger("pipeline.flows")
+
+
+# --- params ----------------------------------------------------------------------------------------
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """`["prune.step=0.05", "seed=1"]` -> `{"prune.step": 0.05, "seed": 1}`; values are YAML, as in
+    `dvc exp run -S`."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ParamsError(f"override {item!r}: expected KEY=VALUE, e.g. prune.step=0.05")
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def _set_dotted(tree: Any, key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = tree
+    for i, part in enumerate(parents):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ParamsError(f"override {key}: no section {'.'.join(parents[: i + 1])!r} in the params file")
+        node = node[part]
+    if not isinstance(node, Mapping):
+        raise ParamsError(f"override {key}: {'.'.join(parents)!r} is not a section")
+    node[leaf] = value
+
+
+def overridden_params(params_file: Path, overrides: Mapping[str, Any]) -> str:
+    """The params file's text with `overrides` applied, comments kept; validated, so a wrong key, type or
+    value raises ParamsError naming it before anything is written or run."""
+    rt = YAML()  # round-trip: keeps comments and order, as `dvc exp run -S` does
+    rt.width = 4096
+    rt.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+    tree = rt.load(params_file.read_text())
+    for key, value in overrides.items():
+        _set_dotted(tree, key, value)
+    buffer = io.StringIO()
+    rt.dump(tree, buffer)
+    parse_params(yaml.safe_load(buffer.getvalue()))
+    return buffer.getvalue()
+
+
+def apply_overrides(params_file: Path, overrides: Mapping[str, Any]) -> None:
+    """Write the overrides into the params file; a file they would not change is left untouched."""
+    if overrides:
+        text = overridden_params(params_file, overrides)
+        if yaml.safe_load(text) != yaml.safe_load(params_file.read_text()):
+            write_text(params_file, text)
+
+
+# --- DVC -------------------------------------------------------------------------------------------
+
+
+def run_dvc(args: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None) -> str:
+    """Run `dvc ARGS` in `cwd`, streaming its output (and the stage's) into the task's Prefect log."""
+    log = _logger()
+    bin_dir = Path(sys.executable).parent
+    # Stage commands (`python -m stages.x`) run on the flow's own interpreter, whatever PATH the worker had;
+    # tqdm bars become a log line every 30 s instead of a carriage-return stream.
+    full_env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                "TQDM_MININTERVAL": "30", **(env or {})}
+    command = [str(bin_dir / "dvc"), *args]
+    lines = []
+    with subprocess.Popen(command, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, bufsize=1) as process:
+        for chunk in process.stdout:
+            for line in re.split(r"[\r\n]", chunk):
+                if line.strip():
+                    lines.append(line)
+                    log.info(line)
+    if process.returncode != 0:
+        raise StageFailed(f"`dvc {' '.join(args)}` failed in {cwd}: {_headline(lines)}\n" + "\n".join(lines[-15:]))
+    return "\n".join(lines)
+
+
+def _headline(lines: Sequence[str]) -> str:
+    """The stage's own error line (a stage's `error: ...` or an exception's last line), else DVC's."""
+    for line in reversed(lines):
+        if re.match(r"(error: |\w+(Error|Exception): )", line):
+            return line
+    return next((line for line in reversed(lines) if line.startswith("ERROR")), "see the output below")
+
+
+def pipeline_stages(workspace: Path, pipeline: str = "dvc.yaml") -> list[str]:
+    """The stages of a dvc.yaml in file order (ours is topological), as DVC addresses them."""
+    stages = yaml.safe_load((workspace / pipeline).read_text())["stages"]
+    prefix = "" if pipeline == "dvc.yaml" else f"{pipeline}:"
+    return [f"{prefix}{name}" for name in stages]
+
+
+def stage_status(output: str, stage: str) -> str:
+    """'ran', 'restored' (from the run-cache) or 'up to date', from what `dvc repro` printed."""
+    for status, pattern in _STAGE_LINE.items():
+        if stage in pattern.findall(output):
+            return status
+    raise StageFailed(f"`dvc repro {stage}` did not report the stage:\n{output[-2000:]}")
+
+
+def use_remote(workspace: Path, url: str | None) -> str | None:
+    """Register the shared DVC remote in the workspace (config.local: nothing committed changes)."""
+    if not url:
+        return None
+    # The local default, because `dvc repro --pull` takes no remote name.
+    run_dvc(["remote", "add", "--local", "--force", "--default", REMOTE_NAME, url], workspace)
+    return REMOTE_NAME
+
+
+def dvc_metrics(workspace: Path) -> dict[str, float]:
+    """The workspace's DVC metrics, flattened to `<file stem>.<key>` (numbers only)."""
+    from dvc.repo import Repo
+
+    with Repo(str(workspace)) as repo:
+        shown = repo.metrics.show()
+    flat: dict[str, float] = {}
+    for path, content in shown.get("", {}).get("data", {}).items():  # {rev: {"data": {file: {"data": ...}}}}
+        _flatten(Path(path).stem, content.get("data", {}), flat)
+    return flat
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}", inner, out)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[prefix] = value
+
+
+# --- tasks and flows -------------------------------------------------------------------------------
+
+
+@task(name="stage", task_run_name="{stage}", retries=2, retry_delay_seconds=10)
+def run_stage(workspace: str, stage: str, remote: str | None = None, env: dict[str, str] | None = None) -> dict:
+    """One DVC stage: pull its inputs (with a remote), `dvc repro` it, push its outputs."""
+    root = Path(workspace)
+    start = time.perf_counter()
+    repro = ["repro", "--single-item", stage]  # stages run in order, so upstream is already reproduced
+    if remote:
+        # The run-cache's entries, then `repro --pull` fetches the outputs of the entry it restores.
+        run_dvc(["pull", "--run-cache", "--allow-missing", "--with-deps", "-r", remote, stage], root)
+        repro.insert(1, "--pull")
+    status = stage_status(run_dvc(repro, root, env), stage)
+    if remote:
+        run_dvc(["push", "--run-cache", "-r", remote, stage], root)
+    seconds = round(time.perf_counter() - start, 2)
+    _logger().info("%s: %s (%.1f s)", stage, status, seconds)
+    return {"stage": stage, "status": status, "seconds": seconds}
+
+
+@flow(name="experiment")
+def experiment(overrides: dict[str, Any] | None = None, workspace: str = ".", pipeline: str = "dvc.yaml",
+               dvc_remote: str | None = None, retries: int = 2, ablate_workers: int = 1) -> dict:
+    """Every stage of one experiment, in order, in `workspace`.
+
+    `overrides` ({"prune.step": 0.05}) are written into the params file first, as `dvc exp run -S` does;
+    `pipeline` is dvc.yaml (classification) or mt/dvc.yaml (translation), with params.yaml beside it.
+    `ablate_workers` > 1 shards the single-head ablation over Dask workers (the result is identical).
+    """
+    root = Path(workspace).resolve()
+    apply_overrides(root / Path(pipeline).parent / "params.yaml", overrides or {})
+    remote = use_remote(root, dvc_remote or os.environ.get(REMOTE_ENV))
+    stage_env = {"ABLATE_WORKERS": str(ablate_workers)}
+    results = [run_stage.with_options(retries=retries)(str(root), stage, remote, stage_env)
+               for stage in pipeline_stages(root, pipeline)]
+    return {"workspace": str(root), "stages": results, "metrics": dvc_metrics(root)}
+
+
+def make_workspace(root: Path, dest: Path) -> Path:
+    """A fresh clone of the project at `dest` with the working tree's uncommitted changes, sharing the
+    project's DVC cache (and run-cache), so stages any workspace already ran are restored, not rerun."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "clone", "--quiet", "--shared", str(root), str(dest)], check=True)
+    git_files = ["git", "ls-files", "-z", "--exclude-standard"]
+    changed = subprocess.run([*git_files, "--modified", "--others"], cwd=root, check=True, capture_output=True,
+                             text=True).stdout.split("\0")
+    deleted = subprocess.run([*git_files, "--deleted"], cwd=root, check=True, capture_output=True,
+                             text=True).stdout.split("\0")
+    for name in filter(None, changed):
+        if (root / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, dest / name)
+    for name in filter(None, deleted):
+        (dest / name).unlink(missing_ok=True)
+    cache = run_dvc(["cache", "dir"], root).strip().splitlines()[-1]
+    run_dvc(["cache", "dir", "--local", cache], dest)
+    return dest
+
+
+@task(name="sweep-member", task_run_name="{member}")
+def sweep_member(workspace: str, sweep_name: str, member: str, overrides: dict[str, Any], pipeline: str,
+                 dvc_remote: str | None, retries: int) -> dict:
+    dest = make_workspace(Path(workspace), Path(workspace) / SWEEPS_DIR / sweep_name / member)
+    return experiment(overrides, str(dest), pipeline, dvc_remote, retries)
+
+
+def sweep_task_runner(address: str | None = None, workers: int = 2) -> DaskTaskRunner:
+    """A Dask cluster at `address` (or $DASK_SCHEDULER_ADDRESS, Dask's own setting); else a LocalCluster
+    of `workers` threads. A member's work runs in `dvc repro` subprocesses, so threads suffice, and they
+    share the flow process's Prefect API (worker processes could not reach an ephemeral server)."""
+    address = address or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if address:
+        return DaskTaskRunner(address=address)
+    return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": False})
+
+
+def comparison_table(members: Mapping[str, Mapping[str, Any]], results: Mapping[str, dict]) -> pd.DataFrame:
+    """One row per member: its overrides, then its DVC metrics."""
+    rows = []
+    for member, overrides in members.items():
+        ran = [r["stage"] for r in results[member]["stages"] if r["status"] == "ran"]
+        rows.append({"member": member, **overrides, "stages_ran": len(ran), **results[member]["metrics"]})
+    return pd.DataFrame(rows)
+
+
+@flow(name="sweep", task_runner=sweep_task_runner())
+def sweep(members: dict[str, dict[str, Any]], name: str = "sweep", workspace: str = ".",
+          pipeline: str = "dvc.yaml", dvc_remote: str | None = None, retries: int = 2) -> str:
+    """The experiment flow once per member ({"step-05": {"prune.step": 0.05}, ...}), in parallel, each in
+    its own workspace under .sweeps/<name>/; the comparison table goes to reports/sweeps/<name>/."""
+    root = Path(workspace).resolve()
+    params_file = root / Path(pipeline).parent / "params.yaml"
+    if not members:
+        raise ParamsError("sweep: no members; give at least one set of overrides")
+    for member, overrides in members.items():
+        try:
+            overridden_params(params_file, overrides)  # every member is validated before any runs
+        except ParamsError as error:
+            raise ParamsError(f"sweep member {member!r}: {error}") from None
+    futures = {member: sweep_member.submit(str(root), name, member, overrides, pipeline, dvc_remote, retries)
+               for member, overrides in members.items()}
+    table = comparison_table(members, {member: future.result() for member, future in futures.items()})
+    out = root / "reports" / "sweeps" / name
+    write_csv(out / "comparison.csv", table)
+    write_text(out / "comparison.md", table.to_markdown(index=False) + "\n")
+    _logger().info("sweep %s: %d members -> %s", name, len(table), out / "comparison.csv")
+    return str(out / "comparison.csv")
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def member_name(overrides: Mapping[str, Any]) -> str:
+    return "_".join(f"{key}={value}" for key, value in overrides.items()) or "base"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.flows", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("experiment", help="run every stage of one experiment")
+    one.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE", help="override a param")
+    one.add_argument("--ablate-workers", type=int, default=1, help="shard the ablation over this many Dask workers")
+    many = commands.add_parser("sweep", help="run the experiment once per member, in parallel")
+    many.add_argument("name", help="the sweep's name: reports/sweeps/<name>/comparison.csv")
+    many.add_argument("-m", "--member", action="append", default=[], metavar="'KEY=VALUE ...'", required=True,
+                      help="one member's overrides, space-separated (repeat for each member)")
+    many.add_argument("--workers", type=int, default=2, help="Dask LocalCluster workers (without an address)")
+    many.add_argument("--address", help="a Dask scheduler's address (default: $DASK_SCHEDULER_ADDRESS)")
+    for sub in (one, many):
+        sub.add_argument("--pipeline", default="dvc.yaml", help="dvc.yaml, or mt/dvc.yaml for translation")
+        sub.add_argument("--dvc-remote", help=f"a DVC remote URL workers share (default: ${REMOTE_ENV})")
+        sub.add_argument("--retries", type=int, default=2, help="retries of a failed stage")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "experiment":
+            experiment(parse_overrides(args.set), ".", args.pipeline, args.dvc_remote, args.retries,
+                       args.ablate_workers)
+        else:
+            members = {}
+            for item in args.member:
+                overrides = parse_overrides(item.split())
+                members[member_name(overrides)] = overrides
+            runner = sweep_task_runner(args.address, args.workers)
+            sweep.with_options(task_runner=runner)(members, args.name, ".", args.pipeline, args.dvc_remote,
+                                                   args.retries)
+    except (ParamsError, StageFailed) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()
