@@ -14,6 +14,7 @@ import os
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from pipeline.ablation import ablation_tables
 from pipeline.atomic import write_csv
@@ -43,13 +44,15 @@ def ablate_site(params_file: str, site_index: int, threads: int) -> tuple[pd.Dat
 
 
 def sharded_tables(params_file: str, num_sites: int, workers: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from distributed import Client, LocalCluster, progress
+    from distributed import Client, LocalCluster, as_completed
 
     address = os.environ.get("DASK_SCHEDULER_ADDRESS")
     threads = 1 if address else max(1, (os.cpu_count() or 1) // workers)
     with (Client(address) if address else Client(LocalCluster(n_workers=workers, threads_per_worker=1))) as client:
         futures = [client.submit(ablate_site, params_file, i, threads, pure=False) for i in range(num_sites)]
-        progress(futures)
+        # A tqdm bar like every other long loop here (Dask's own bar redraws every 100 ms, flooding logs).
+        for _ in tqdm(as_completed(futures), total=len(futures), desc="ablate (sites)"):
+            pass
         parts = client.gather(futures)
     return (pd.concat([a for a, _ in parts], ignore_index=True),
             pd.concat([o for _, o in parts], ignore_index=True))
