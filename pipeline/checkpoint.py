@@ -43,6 +43,25 @@ def pruning_record(model: nn.Module) -> dict:
     }
 
 
+def pruning_plan(model: nn.Module, record: dict, source: str | Path) -> dict[int, list[int]]:
+    """The plan that prunes `model`, freshly built and unpruned, to the heads `record` (see `pruning_record`)
+    says were kept. `source` names where the record came from, for the error messages."""
+    if record.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{source}: unsupported format_version {record.get('format_version')!r}; "
+                         f"this version reads {FORMAT_VERSION}")
+    sites = attention_sites(model)
+    if len(record["sites"]) != len(sites):
+        raise ValueError(f"{source} records {len(record['sites'])} attention sites but the "
+                         f"{type(model).__name__} config builds {len(sites)}")
+    plan = {}
+    for index, (site, saved) in enumerate(zip(sites, record["sites"], strict=True)):
+        if (saved["kind"], saved["layer"]) != (site.kind, site.layer):
+            raise ValueError(f"{source}: site {index} is recorded as {saved['kind']} layer "
+                             f"{saved['layer']} but the model has {site.name} there")
+        plan[index] = sorted(set(range(site.num_heads)) - set(saved["kept_heads"]))
+    return plan
+
+
 def save_model(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
     """Write `model` (pruned or not) and optionally its tokenizer to the folder `path`, atomically:
     a killed save leaves the previous folder (or none), never a half-written one."""
@@ -106,23 +125,10 @@ def load_model(path: str | Path, model_class: type | None = None, **kwargs) -> n
         return cls.from_pretrained(str(path), **kwargs).eval()
 
     record = json.loads(record_file.read_text())
-    if record.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{record_file}: unsupported format_version {record.get('format_version')!r}; "
-                         f"this version reads {FORMAT_VERSION}")
     config = transformers.AutoConfig.from_pretrained(local)
     cls = model_class or _model_class(config)
     model = cls._from_config(config, **kwargs)
-    sites = attention_sites(model)
-    if len(record["sites"]) != len(sites):
-        raise ValueError(f"{record_file} records {len(record['sites'])} attention sites but the "
-                         f"{type(model).__name__} config builds {len(sites)}")
-    plan = {}
-    for index, (site, saved) in enumerate(zip(sites, record["sites"], strict=True)):
-        if (saved["kind"], saved["layer"]) != (site.kind, site.layer):
-            raise ValueError(f"{record_file}: site {index} is recorded as {saved['kind']} layer "
-                             f"{saved['layer']} but the model has {site.name} there")
-        plan[index] = sorted(set(range(site.num_heads)) - set(saved["kept_heads"]))
-    prune_heads(model, plan)
+    prune_heads(model, pruning_plan(model, record, record_file))
 
     state = _load_state_dict(local)
     names = {id(param): name for name, param in model.named_parameters()}

@@ -31,14 +31,16 @@ class HeadGates(list):
         return list(self)
 
 
-def _gate_input(x: torch.Tensor, gate: torch.Tensor, num_heads: int) -> torch.Tensor:
+def _gate_input(x: torch.Tensor, gate: torch.Tensor, num_heads: int, batch_dim: int) -> torch.Tensor:
     head_dim = x.shape[-1] // num_heads
     heads = x.view(*x.shape[:-1], num_heads, head_dim)
     if gate.dim() == 1:
         scale = gate.view(num_heads, 1)
     else:
-        # [batch, heads] -> [batch, 1, ..., 1, heads, 1] to broadcast over the sequence dims.
-        scale = gate.view(gate.shape[0], *([1] * (x.dim() - 2)), num_heads, 1)
+        # [batch, heads] -> [batch, 1, ..., 1, heads, 1] (batch at `batch_dim`) to broadcast over the sequence dims.
+        shape = [1] * (x.dim() - 1) + [num_heads, 1]
+        shape[batch_dim] = gate.shape[0]
+        scale = gate.view(shape)
     return (heads * scale.to(x.dtype)).view_as(x)
 
 
@@ -59,12 +61,13 @@ def head_gates(model: nn.Module, requires_grad: bool = False) -> Iterator[HeadGa
     )
     handles = []
     for index, site in enumerate(sites):
-        num_heads = site.num_heads
+        num_heads, batch_dim = site.num_heads, site.layout.batch_dim
 
-        def hook(_module: nn.Module, args: tuple, index: int = index, num_heads: int = num_heads) -> tuple:
+        def hook(_module: nn.Module, args: tuple, index: int = index, num_heads: int = num_heads,
+                 batch_dim: int = batch_dim) -> tuple:
             if num_heads == 0:
                 return args
-            return (_gate_input(args[0], gates[index], num_heads), *args[1:])
+            return (_gate_input(args[0], gates[index], num_heads, batch_dim), *args[1:])
 
         handles.append(site.out_proj.register_forward_pre_hook(hook))
     try:

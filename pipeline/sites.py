@@ -37,6 +37,12 @@ class AttentionLayout:
     # all original heads (MPNet's relative position bias, shared by the layers); pruning selects
     # the kept heads' slices of it.
     head_bias_arg: int | None = None
+    # Dimension of the batch in the output projection's input: 0, or 1 for time-major modules (fairseq's
+    # `[time, batch, channels]`); per-example gates broadcast along it.
+    batch_dim: int = 0
+    # Name of the forward argument holding the attention's input (the query side), for callers that pass
+    # it by keyword.
+    query_arg: str = "hidden_states"
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,9 @@ _MPNET_LAYOUT = AttentionLayout("q", "k", "v", "num_attention_heads", "attention
                                 projects_output=True, returns_singleton=True, head_bias_arg=2)
 _SEQ2SEQ_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "head_dim", None,
                                   projects_output=True)
+# fairseq's MultiheadAttention reshapes its output with `embed_dim` (= num_heads * head_dim) and is time-major.
+_FAIRSEQ_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "head_dim", "embed_dim",
+                                  projects_output=True, batch_dim=1, query_arg="query")
 
 
 def _bert_like(base: nn.Module) -> Iterator[SiteEntry]:
@@ -135,6 +144,9 @@ FAMILIES: dict[str, Family] = {
     "mpnet": Family(_MPNET_LAYOUT, _mpnet, _encoder_stack("encoder.layer")),
     "marian": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks),
     "bart": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks),
+    # fairseq's TransformerModel, wrapped by pipeline.fairseq_backend.FairseqSeq2Seq (which sets this model_type):
+    # its layers name their attention modules as Marian's and BART's do.
+    "fairseq_transformer": Family(_FAIRSEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks),
 }
 
 

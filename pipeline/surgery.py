@@ -60,7 +60,8 @@ def _update_cache_with_no_heads(module: nn.Module, hidden_states: torch.Tensor, 
 def _install_empty_forward(site: AttentionSite) -> None:
     layout, out_proj = site.layout, site.out_proj
 
-    def forward(module: nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
+    def forward(module: nn.Module, *args, **kwargs):
+        hidden_states = args[0] if args else kwargs[layout.query_arg]
         _update_cache_with_no_heads(module, hidden_states, kwargs)
         output = hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
         if layout.projects_output:
