@@ -1,10 +1,11 @@
-"""Attention sites: where the multi-head attention modules of a model are, in model order.
+"""Prunable sites, in model order: the multi-head attention modules (heads) and the feed-forward
+blocks (FFN neurons).
 
 transformers 5 dropped `head_mask` and `prune_heads`, so every other part of the project (gates,
 importance, physical pruning, save/load) goes through this one table of per-family facts: which
 submodule holds the query/key/value projections, which linear is the output projection whose input
-is the concatenation of the heads, and which attributes the module reads for its head count.
-Adding a family is one entry in `FAMILIES`.
+is the concatenation of the heads, which attributes the module reads for its head count, and which
+two linears make each feed-forward block. Adding a family is one entry in `FAMILIES`.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class AttentionSite:
         return getattr(self.module, lay.query), getattr(self.module, lay.key), getattr(self.module, lay.value)
 
     @property
+    def original_num_heads(self) -> int:
+        return getattr(self.module, "original_num_heads", self.num_heads)
+
+    @property
     def kept_heads(self) -> list[int]:
         """Original indices of the heads still present (pruning keeps the order)."""
         return list(getattr(self.module, "kept_heads", range(self.num_heads)))
@@ -78,7 +83,40 @@ class AttentionSite:
         return f"{self.kind} layer {self.layer}"
 
 
+@dataclass(frozen=True)
+class FeedForwardSite:
+    """One feed-forward block: `fc_in` (hidden -> intermediate), an elementwise activation, `fc_out`
+    (intermediate -> hidden). Neuron i owns row i (and bias i) of `fc_in` and column i of `fc_out`.
+    `layer` is 0-based within its stack (encoder or decoder)."""
+
+    kind: str
+    layer: int
+    fc_in: nn.Linear
+    fc_out: nn.Linear
+    # Dimension of the batch in `fc_out`'s input: 0, or 1 for time-major fairseq; per-example gates broadcast along it.
+    batch_dim: int
+
+    @property
+    def num_neurons(self) -> int:
+        return self.fc_in.out_features
+
+    @property
+    def original_num_neurons(self) -> int:
+        return getattr(self.fc_in, "original_num_neurons", self.num_neurons)
+
+    @property
+    def kept_neurons(self) -> list[int]:
+        """Original indices of the neurons still present (pruning keeps the order); `prune_neurons` records
+        them on `fc_in`."""
+        return list(getattr(self.fc_in, "kept_neurons", range(self.num_neurons)))
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} layer {self.layer} FFN"
+
+
 SiteEntry = tuple[str, int, nn.Module, nn.Linear]
+FeedForwardEntry = tuple[str, int, nn.Linear, nn.Linear]  # kind, layer, fc_in, fc_out
 
 _BERT_LAYOUT = AttentionLayout("query", "key", "value", "num_attention_heads", "attention_head_size",
                                "all_head_size", projects_output=False)
@@ -117,11 +155,40 @@ def _encoder_decoder(base: nn.Module) -> Iterator[SiteEntry]:
         yield "cross", i, layer.encoder_attn, layer.encoder_attn.out_proj
 
 
+def _bert_like_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
+    # BERT, RoBERTa, ELECTRA and MPNet alike.
+    for i, layer in enumerate(base.encoder.layer):
+        yield "encoder", i, layer.intermediate.dense, layer.output.dense
+
+
+def _distilbert_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
+    for i, layer in enumerate(base.transformer.layer):
+        yield "encoder", i, layer.ffn.lin1, layer.ffn.lin2
+
+
+def _encoder_decoder_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
+    for kind, layers in (("encoder", base.encoder.layers), ("decoder", base.decoder.layers)):
+        for i, layer in enumerate(layers):
+            yield kind, i, layer.fc1, layer.fc2
+
+
+def _fairseq_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
+    for kind, layers in (("encoder", base.encoder.layers), ("decoder", base.decoder.layers)):
+        for i, layer in enumerate(layers):
+            # NormFormer's `--scale-fc` puts a LayerNorm over the intermediate activations between fc1 and fc2, so a
+            # neuron's output depends on the others' and removing one changes the rest.
+            if getattr(layer, "ffn_layernorm", None) is not None:
+                raise UnsupportedModelError(f"{kind} layer {i}: feed-forward blocks with a LayerNorm inside "
+                                            f"(NormFormer's scale_fc) are not supported")
+            yield kind, i, layer.fc1, layer.fc2
+
+
 @dataclass(frozen=True)
 class Family:
     layout: AttentionLayout
     walk: Callable[[nn.Module], Iterator[SiteEntry]]  # the base model's sites, in model order
     stacks: Callable[[nn.Module], dict[str, nn.ModuleList]]  # kind -> the layer blocks holding its sites
+    ffn_walk: Callable[[nn.Module], Iterator[FeedForwardEntry]]  # the base model's FFN blocks, in model order
 
 
 def _encoder_stack(path: str) -> Callable[[nn.Module], dict[str, nn.ModuleList]]:
@@ -137,16 +204,16 @@ def _encoder_decoder_stacks(base: nn.Module) -> dict[str, nn.ModuleList]:
 
 # config.model_type -> family
 FAMILIES: dict[str, Family] = {
-    "bert": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer")),
-    "roberta": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer")),
-    "electra": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer")),
-    "distilbert": Family(_DISTILBERT_LAYOUT, _distilbert, _encoder_stack("transformer.layer")),
-    "mpnet": Family(_MPNET_LAYOUT, _mpnet, _encoder_stack("encoder.layer")),
-    "marian": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks),
-    "bart": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks),
+    "bert": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn),
+    "roberta": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn),
+    "electra": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn),
+    "distilbert": Family(_DISTILBERT_LAYOUT, _distilbert, _encoder_stack("transformer.layer"), _distilbert_ffn),
+    "mpnet": Family(_MPNET_LAYOUT, _mpnet, _encoder_stack("encoder.layer"), _bert_like_ffn),
+    "marian": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks, _encoder_decoder_ffn),
+    "bart": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks, _encoder_decoder_ffn),
     # fairseq's TransformerModel, wrapped by pipeline.fairseq_backend.FairseqSeq2Seq (which sets this model_type):
-    # its layers name their attention modules as Marian's and BART's do.
-    "fairseq_transformer": Family(_FAIRSEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks),
+    # its layers name their attention modules and FFN linears as Marian's and BART's do.
+    "fairseq_transformer": Family(_FAIRSEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks, _fairseq_ffn),
 }
 
 
@@ -178,6 +245,19 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
     ]
 
 
+def ffn_sites(model: nn.Module) -> list[FeedForwardSite]:
+    """Every feed-forward block of `model`, in model order: the encoder's layers, then the decoder's.
+
+    Works on the bare model and on any task head around it, as `attention_sites` does.
+    """
+    family = _family(model)
+    base = getattr(model, "base_model", model)
+    return [
+        FeedForwardSite(kind, layer, fc_in, fc_out, family.layout.batch_dim)
+        for kind, layer, fc_in, fc_out in family.ffn_walk(base)
+    ]
+
+
 def layer_stack(model: nn.Module, kind: str) -> nn.ModuleList:
     """The layer blocks of the stack holding `kind` sites (the decoder's for "decoder" and "cross")."""
     return _family(model).stacks(getattr(model, "base_model", model))[kind]
@@ -185,3 +265,7 @@ def layer_stack(model: nn.Module, kind: str) -> nn.ModuleList:
 
 def heads_per_site(model: nn.Module) -> list[int]:
     return [site.num_heads for site in attention_sites(model)]
+
+
+def neurons_per_site(model: nn.Module) -> list[int]:
+    return [site.num_neurons for site in ffn_sites(model)]
