@@ -1,77 +1,105 @@
-"""Per-head gates xi_h: a multiplier on each head's output, before the attention output projection.
+"""Gates: a multiplier on each prunable unit's output, with gradients.
 
-The gate sits on the input of the output projection, where the heads are still separate
-(`[..., num_heads * head_dim]`, head-major), so it is the same for every attention implementation
-(sdpa, eager, ...) and every family in `pipeline.sites`.
+Head gates xi_h sit on the input of the attention output projection, where the heads are still
+separate (`[..., num_heads * head_dim]`, head-major). Neuron gates sit on the input of a feed-forward
+block's second linear, after the activation (`[..., num_neurons]`). Both are forward pre-hooks on a
+linear, so they are the same for every attention implementation (sdpa, eager, ...) and every family
+in `pipeline.sites`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
-from pipeline.sites import attention_sites
+from pipeline.sites import attention_sites, ffn_sites
 
 
-class HeadGates(list):
-    """One gate tensor per attention site, read by the hooks at every forward.
+class Gates(list):
+    """One gate tensor per site (attention sites for heads, FFN sites for neurons), read by the hooks at
+    every forward.
 
-    Each entry is either 1-D `[num_heads]` (shared by the batch) or 2-D `[batch, num_heads]`
-    (one gate per example, so a single backward pass gives per-example gate gradients).
+    Each entry is either 1-D `[units]` (shared by the batch) or 2-D `[batch, units]` (one gate per
+    example, so a single backward pass gives per-example gate gradients).
     Replace entries freely (`gates[i] = ...`) or write into them (`gates[i][h] = 0`).
     """
 
     def per_example(self, batch_size: int) -> list[torch.Tensor]:
-        """Swap in fresh `[batch_size, num_heads]` leaf gates of ones that require grad; returns them."""
+        """Swap in fresh `[batch_size, units]` leaf gates of ones that require grad; returns them."""
         for i, gate in enumerate(self):
             self[i] = torch.ones(batch_size, gate.shape[-1], dtype=gate.dtype, device=gate.device, requires_grad=True)
         return list(self)
 
 
-def _gate_input(x: torch.Tensor, gate: torch.Tensor, num_heads: int, batch_dim: int) -> torch.Tensor:
-    head_dim = x.shape[-1] // num_heads
-    heads = x.view(*x.shape[:-1], num_heads, head_dim)
+HeadGates = Gates  # the name from before neurons had gates
+
+
+def _gate_input(x: torch.Tensor, gate: torch.Tensor, units: int, batch_dim: int) -> torch.Tensor:
+    # Each unit owns a contiguous block of the last dim: head_dim wide for heads, 1 for neurons.
+    width = x.shape[-1] // units
+    blocks = x.view(*x.shape[:-1], units, width)
     if gate.dim() == 1:
-        scale = gate.view(num_heads, 1)
+        scale = gate.view(units, 1)
     else:
-        # [batch, heads] -> [batch, 1, ..., 1, heads, 1] (batch at `batch_dim`) to broadcast over the sequence dims.
-        shape = [1] * (x.dim() - 1) + [num_heads, 1]
+        # [batch, units] -> [batch, 1, ..., 1, units, 1] (batch at `batch_dim`) to broadcast over the sequence dims.
+        shape = [1] * (x.dim() - 1) + [units, 1]
         shape[batch_dim] = gate.shape[0]
         scale = gate.view(shape)
-    return (heads * scale.to(x.dtype)).view_as(x)
+    return (blocks * scale.to(x.dtype)).view_as(x)
 
 
 @contextmanager
-def head_gates(model: nn.Module, requires_grad: bool = False) -> Iterator[HeadGates]:
-    """Attach a gate to every head of `model` for the duration of the block.
-
-    Yields a `HeadGates` list with one all-ones 1-D float tensor per site (in `attention_sites`
-    order). With every gate at 1 the outputs are bit-identical to the ungated model; 0 masks a head.
-    Leaving the block removes every hook.
-    """
-    sites = attention_sites(model)
+def _gate_inputs(model: nn.Module, targets: Sequence[tuple[nn.Linear, int, int]], requires_grad: bool
+                 ) -> Iterator[Gates]:
+    """Gate the input of each `(linear, units, batch_dim)` target for the duration of the block."""
     param = next(model.parameters())
     # Gates are at least float32 so their gradients stay precise under a half-precision model.
     dtype = torch.promote_types(param.dtype, torch.float32)
-    gates = HeadGates(
-        torch.ones(site.num_heads, dtype=dtype, device=param.device, requires_grad=requires_grad) for site in sites
+    gates = Gates(
+        torch.ones(units, dtype=dtype, device=param.device, requires_grad=requires_grad) for _, units, _ in targets
     )
     handles = []
-    for index, site in enumerate(sites):
-        num_heads, batch_dim = site.num_heads, site.layout.batch_dim
+    for index, (linear, units, batch_dim) in enumerate(targets):
 
-        def hook(_module: nn.Module, args: tuple, index: int = index, num_heads: int = num_heads,
+        def hook(_module: nn.Module, args: tuple, index: int = index, units: int = units,
                  batch_dim: int = batch_dim) -> tuple:
-            if num_heads == 0:
+            if units == 0:  # a fully pruned site: nothing left to gate
                 return args
-            return (_gate_input(args[0], gates[index], num_heads, batch_dim), *args[1:])
+            return (_gate_input(args[0], gates[index], units, batch_dim), *args[1:])
 
-        handles.append(site.out_proj.register_forward_pre_hook(hook))
+        handles.append(linear.register_forward_pre_hook(hook))
     try:
         yield gates
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def head_gates(model: nn.Module, requires_grad: bool = False) -> Iterator[Gates]:
+    """Attach a gate to every head of `model` for the duration of the block.
+
+    Yields a `Gates` list with one all-ones 1-D float tensor per site (in `attention_sites`
+    order). With every gate at 1 the outputs are bit-identical to the ungated model; 0 masks a head.
+    Leaving the block removes every hook.
+    """
+    targets = [(site.out_proj, site.num_heads, site.layout.batch_dim) for site in attention_sites(model)]
+    with _gate_inputs(model, targets, requires_grad) as gates:
+        yield gates
+
+
+@contextmanager
+def neuron_gates(model: nn.Module, requires_grad: bool = False) -> Iterator[Gates]:
+    """Attach a gate to every FFN neuron of `model` for the duration of the block.
+
+    Yields a `Gates` list with one all-ones 1-D float tensor `[num_neurons]` per FFN site (in
+    `ffn_sites` order), multiplying the activations that enter the block's second linear. With every
+    gate at 1 the outputs are bit-identical to the ungated model; 0 has the effect of removing the
+    neuron. Leaving the block removes every hook. Combine with `head_gates` freely.
+    """
+    targets = [(site.fc_out, site.num_neurons, site.batch_dim) for site in ffn_sites(model)]
+    with _gate_inputs(model, targets, requires_grad) as gates:
+        yield gates
