@@ -1,10 +1,15 @@
-"""Physical head pruning: remove heads' parameters for real, so the model gets faster and smaller.
+"""Physical pruning of heads and FFN neurons: remove their parameters for real, so the model gets
+faster and smaller.
 
 A head h owns rows `[h*d, (h+1)*d)` of the query, key and value projections and the same columns of
 the output projection's input. Pruning slices those out and updates the head-count attributes the
 module reshapes with. When every head of a site goes, its forward is replaced by one that returns
 only the output projection's bias, because the stock forwards reshape with `-1` and cannot run on
 zero heads.
+
+An FFN neuron i owns row i (and bias i) of the block's first linear and column i of its second.
+No family's FFN reshapes with its width, so a block with every neuron gone runs its stock forward:
+zero-width linears, whose output is the second linear's bias.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from pipeline.sites import AttentionSite, attention_sites
+from pipeline.sites import AttentionSite, FeedForwardSite, attention_sites, ffn_sites
 
 
 def _keep_rows(linear: nn.Linear, index: torch.Tensor) -> None:
@@ -84,26 +89,43 @@ def _install_head_bias_selection(site: AttentionSite) -> None:
     module.register_forward_pre_hook(select_kept)
 
 
-def validate_heads_to_prune(sites: list[AttentionSite], heads: Mapping[int, Iterable[int]]) -> dict[int, list[int]]:
-    """Check a `{site_index: [original head index, ...]}` plan against the model; return it normalised."""
+def _present_units(present: list[int], unit: str) -> str:
+    # Heads are few enough to list; a layer's thousands of neurons are only counted.
+    return f"{unit}s still present: {present}" if len(present) <= 16 else f"{len(present)} {unit}s still present"
+
+
+def _validate_plan(units: Mapping[int, Iterable[int]], names: list[str], present: list[list[int]],
+                   original: list[int], sites_word: str, unit: str) -> dict[int, list[int]]:
     plan: dict[int, list[int]] = {}
-    for site_index, site_heads in heads.items():
-        if not isinstance(site_index, int) or not 0 <= site_index < len(sites):
-            raise IndexError(f"site index {site_index!r} out of range: the model has {len(sites)} attention "
-                             f"sites (0..{len(sites) - 1})")
-        site = sites[site_index]
-        present = site.kept_heads
-        original_count = getattr(site.module, "original_num_heads", site.num_heads)
-        wanted = sorted(set(int(h) for h in site_heads))
-        for head in wanted:
-            if not 0 <= head < original_count:
-                raise IndexError(f"site {site_index} ({site.name}): head {head} out of range; "
-                                 f"valid heads are 0..{original_count - 1}")
-            if head not in present:
-                raise ValueError(f"site {site_index} ({site.name}): head {head} was already pruned; "
-                                 f"heads still present: {present}")
+    for site_index, site_units in units.items():
+        if not isinstance(site_index, int) or not 0 <= site_index < len(names):
+            raise IndexError(f"site index {site_index!r} out of range: the model has {len(names)} {sites_word} "
+                             f"(0..{len(names) - 1})")
+        kept = set(present[site_index])
+        wanted = sorted(set(int(u) for u in site_units))
+        for u in wanted:
+            if not 0 <= u < original[site_index]:
+                raise IndexError(f"site {site_index} ({names[site_index]}): {unit} {u} out of range; "
+                                 f"valid {unit}s are 0..{original[site_index] - 1}")
+            if u not in kept:
+                raise ValueError(f"site {site_index} ({names[site_index]}): {unit} {u} was already pruned; "
+                                 f"{_present_units(present[site_index], unit)}")
         plan[site_index] = wanted
     return plan
+
+
+def validate_heads_to_prune(sites: list[AttentionSite], heads: Mapping[int, Iterable[int]]) -> dict[int, list[int]]:
+    """Check a `{site_index: [original head index, ...]}` plan against the model; return it normalised."""
+    return _validate_plan(heads, [s.name for s in sites], [s.kept_heads for s in sites],
+                          [s.original_num_heads for s in sites],
+                          "attention sites", "head")
+
+
+def validate_neurons_to_prune(sites: list[FeedForwardSite], neurons: Mapping[int, Iterable[int]]
+                              ) -> dict[int, list[int]]:
+    """Check a `{ffn_site_index: [original neuron index, ...]}` plan against the model; return it normalised."""
+    return _validate_plan(neurons, [s.name for s in sites], [s.kept_neurons for s in sites],
+                          [s.original_num_neurons for s in sites], "FFN sites", "neuron")
 
 
 def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Module:
@@ -137,4 +159,28 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
         site.module.kept_heads = [present[pos] for pos in keep]
         if not keep:
             _install_empty_forward(site)
+    return model
+
+
+def prune_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> nn.Module:
+    """Remove FFN neurons for real. `neurons` maps an FFN site index (see `ffn_sites`) to the original
+    indices of the neurons to remove (original, so plans stay valid across successive prunings).
+
+    The whole plan is checked before anything changes, so a bad plan leaves the model as it was.
+    Removing every neuron of a block leaves it adding only its second linear's bias.
+    Returns the model, modified in place.
+    """
+    sites = ffn_sites(model)
+    plan = validate_neurons_to_prune(sites, neurons)
+    for site_index, removed in plan.items():
+        if not removed:
+            continue
+        site = sites[site_index]
+        present, gone = site.kept_neurons, set(removed)
+        site.fc_in.original_num_neurons = site.original_num_neurons
+        keep = [pos for pos, neuron in enumerate(present) if neuron not in gone]
+        index = torch.tensor(keep, dtype=torch.long, device=site.fc_in.weight.device)
+        _keep_rows(site.fc_in, index)
+        _keep_columns(site.fc_out, index)
+        site.fc_in.kept_neurons = [present[pos] for pos in keep]
     return model
