@@ -1,10 +1,12 @@
-"""Save and load models whose heads were physically pruned.
+"""Save and load models whose heads and FFN neurons were physically pruned.
 
 A pruned model is an ordinary Hugging Face folder (config, safetensors, tokenizer) plus
-`head_pruning.json`, which records the original indices of the heads each attention site kept.
-`from_pretrained` alone cannot load such a folder (it refuses the smaller projections), so
-`load_model` builds the model from its config, prunes it to the recorded shape, then loads the
-weights, checking each site's shape first so a mismatch names the site instead of a tensor.
+`head_pruning.json` (the name from before neurons could be pruned, kept so old folders still load),
+which records the original indices of the heads each attention site kept and of the neurons each
+FFN site kept. `from_pretrained` alone cannot load such a folder (it refuses the smaller
+projections), so `load_model` builds the model from its config, prunes it to the recorded shape
+(`apply_pruning_record`), then loads the weights, checking each site's shape first so a mismatch
+names the site instead of a tensor.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -21,45 +24,133 @@ import transformers
 from safetensors.torch import load_file
 from torch import nn
 
-from pipeline.sites import attention_sites
-from pipeline.surgery import prune_heads
+from pipeline.sites import attention_sites, ffn_sites
+from pipeline.surgery import prune_heads, prune_neurons
 
 PRUNING_FILE = "head_pruning.json"
-FORMAT_VERSION = 1
+# 1: heads only ("sites"). 2: adds the FFN sites ("ffn_sites"); a version-1 record keeps every neuron.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 def pruning_record(model: nn.Module) -> dict:
+    """What `model` kept of each attention site's heads and each FFN site's neurons, as JSON-ready data."""
     return {
         "format_version": FORMAT_VERSION,
         "sites": [
             {
                 "kind": site.kind,
                 "layer": site.layer,
-                "original_num_heads": getattr(site.module, "original_num_heads", site.num_heads),
+                "original_num_heads": site.original_num_heads,
                 "kept_heads": site.kept_heads,
             }
             for site in attention_sites(model)
         ],
+        "ffn_sites": [
+            {
+                "kind": site.kind,
+                "layer": site.layer,
+                "original_num_neurons": site.original_num_neurons,
+                "kept_neurons": site.kept_neurons,
+            }
+            for site in ffn_sites(model)
+        ],
     }
 
 
-def pruning_plan(model: nn.Module, record: dict, source: str | Path) -> dict[int, list[int]]:
-    """The plan that prunes `model`, freshly built and unpruned, to the heads `record` (see `pruning_record`)
-    says were kept. `source` names where the record came from, for the error messages."""
-    if record.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{source}: unsupported format_version {record.get('format_version')!r}; "
-                         f"this version reads {FORMAT_VERSION}")
-    sites = attention_sites(model)
-    if len(record["sites"]) != len(sites):
-        raise ValueError(f"{source} records {len(record['sites'])} attention sites but the "
-                         f"{type(model).__name__} config builds {len(sites)}")
+def _format_version(record: object, source: str | Path) -> int:
+    if not isinstance(record, dict):
+        raise ValueError(f"{source}: a pruning record is a JSON object, not {type(record).__name__}")
+    version = record.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"{source}: unsupported format_version {version!r}; this version reads "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
+    return version
+
+
+def _removal_plan(record: dict, key: str, unit: str, sites: list, source: str | Path) -> dict[int, list[int]]:
+    """`{site index: [original indices to remove]}` that takes the model's sites (`attention_sites` or
+    `ffn_sites`, with `kept_<unit>s` and `original_num_<unit>s`) to what `record[key]` says they kept.
+
+    The record is checked entry by entry against the model, so a record from another model or a damaged
+    one is refused with the site it disagrees on, before anything is pruned.
+    """
+    saved_sites = record.get(key)
+    if not isinstance(saved_sites, list):
+        raise ValueError(f"{source}: the pruning record has no '{key}' list")
+    if len(saved_sites) != len(sites):
+        raise ValueError(f"{source} records {len(saved_sites)} entries in '{key}' but the model has "
+                         f"{len(sites)} such sites")
+    kept_field, original_field = f"kept_{unit}s", f"original_num_{unit}s"
     plan = {}
-    for index, (site, saved) in enumerate(zip(sites, record["sites"], strict=True)):
-        if (saved["kind"], saved["layer"]) != (site.kind, site.layer):
-            raise ValueError(f"{source}: site {index} is recorded as {saved['kind']} layer "
-                             f"{saved['layer']} but the model has {site.name} there")
-        plan[index] = sorted(set(range(site.num_heads)) - set(saved["kept_heads"]))
+    for index, (site, saved) in enumerate(zip(sites, saved_sites, strict=True)):
+        where = f"{source}: '{key}' entry {index}"
+        try:
+            kind, layer, kept, original = saved["kind"], saved["layer"], saved[kept_field], saved[original_field]
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"{where} lacks kind, layer, {kept_field} or {original_field}: {saved!r}") from error
+        if (kind, layer) != (site.kind, site.layer):
+            raise ValueError(f"{where} is recorded as {kind} layer {layer} but the model has {site.name} there")
+        model_original = getattr(site, original_field)
+        if original != model_original:
+            raise ValueError(f"{where} ({site.name}) records {original} {unit}s originally but the model has "
+                             f"{model_original}")
+        present = getattr(site, kept_field)
+        # Pruning keeps the original order, so a genuine record lists ascending indices the model still has.
+        if (not isinstance(kept, list) or not all(isinstance(u, int) for u in kept)
+                or kept != sorted(set(kept)) or not set(kept) <= set(present)):
+            raise ValueError(f"{where} ({site.name}): {kept_field} must be ascending original indices among "
+                             f"the {len(present)} the model has; got {kept!r}")
+        plan[index] = sorted(set(present) - set(kept))
     return plan
+
+
+def pruning_plan(model: nn.Module, record: dict, source: str | Path) -> dict[int, list[int]]:
+    """The `prune_heads` plan that takes `model` (freshly built, or pruned less than the record) to the
+    heads `record` (see `pruning_record`) says were kept. `source` names where the record came from, for
+    the error messages."""
+    _format_version(record, source)
+    return _removal_plan(record, "sites", "head", attention_sites(model), source)
+
+
+def neuron_pruning_plan(model: nn.Module, record: dict, source: str | Path) -> dict[int, list[int]]:
+    """The `prune_neurons` plan that takes `model` to the FFN neurons `record` says were kept (none
+    removed for a version-1 record, which predates neuron pruning)."""
+    if _format_version(record, source) == 1:
+        return {}
+    return _removal_plan(record, "ffn_sites", "neuron", ffn_sites(model), source)
+
+
+def apply_pruning_record(model: nn.Module, record: dict, source: str | Path) -> nn.Module:
+    """Prune `model` (freshly built from the same config, or pruned less than the record) to the heads
+    and neurons `record` keeps. Both plans are checked before either is applied, so a bad record leaves
+    the model unchanged. Returns the model, modified in place."""
+    heads = pruning_plan(model, record, source)
+    neurons = neuron_pruning_plan(model, record, source)
+    prune_heads(model, heads)
+    return prune_neurons(model, neurons)
+
+
+def check_pruned_shapes(model: nn.Module, weights: Mapping[str, torch.Tensor], source: str | Path,
+                        root: nn.Module | None = None, error: type[Exception] = ValueError) -> None:
+    """Raise `error` naming the site when `weights` (a state dict of `root`, default `model`) do not have
+    the shapes of `model`'s pruned sites, so a record that disagrees with its weights says where."""
+    names = {id(param): name for name, param in (root or model).named_parameters()}
+
+    def rows(key: str) -> str:
+        return "no tensor" if key not in weights else f"{weights[key].shape[0]} rows"
+
+    for index, site in enumerate(attention_sites(model)):
+        key = names[id(site.projections[0].weight)]
+        expected = site.num_heads * site.head_dim
+        if key not in weights or weights[key].shape[0] != expected:
+            raise error(f"{source}: site {index} ({site.name}) records {site.num_heads} heads ({expected} query "
+                        f"rows), but the weights hold {rows(key)} for {key}")
+    for index, site in enumerate(ffn_sites(model)):
+        key = names[id(site.fc_in.weight)]
+        if key not in weights or weights[key].shape[0] != site.num_neurons:
+            raise error(f"{source}: FFN site {index} ({site.name}) records {site.num_neurons} neurons, but the "
+                        f"weights hold {rows(key)} for {key}")
 
 
 def save_model(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
@@ -124,24 +215,17 @@ def load_model(path: str | Path, model_class: type | None = None, **kwargs) -> n
         cls = model_class or _model_class(config)
         return cls.from_pretrained(str(path), **kwargs).eval()
 
-    record = json.loads(record_file.read_text())
+    try:
+        record = json.loads(record_file.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
     config = transformers.AutoConfig.from_pretrained(local)
     cls = model_class or _model_class(config)
     model = cls._from_config(config, **kwargs)
-    prune_heads(model, pruning_plan(model, record, record_file))
+    apply_pruning_record(model, record, record_file)
 
     state = _load_state_dict(local)
-    names = {id(param): name for name, param in model.named_parameters()}
-    for index, site in enumerate(attention_sites(model)):
-        key = names[id(site.projections[0].weight)]
-        expected = site.num_heads * site.head_dim
-        found = state[key].shape[0] if key in state else None
-        if found != expected:
-            raise ValueError(
-                f"{local}: site {index} ({site.name}) records {site.num_heads} heads "
-                f"({expected} query rows) in {PRUNING_FILE}, but the weights hold "
-                f"{'no tensor' if found is None else f'{found} rows'} for {key}"
-            )
+    check_pruned_shapes(model, state, record_file)
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied weights are saved once; some buffers-as-weights (Marian's sinusoidal positions) never are.
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
