@@ -21,29 +21,16 @@ from pipeline.importance import (
 )
 from pipeline.sites import UnsupportedModelError, attention_sites
 from pipeline.surgery import prune_heads
-from tests.tiny_models import FAMILIES, SEQ2SEQ, tiny_batch, tiny_model
-
-# MPNet has no sdpa implementation in transformers; every other family is checked under both.
-FAMILY_IMPLS = [(f, impl) for f in FAMILIES for impl in ("sdpa", "eager") if not (f == "mpnet" and impl == "sdpa")]
-
-
-def impl_for(family: str) -> str:
-    return "eager" if family == "mpnet" else "sdpa"
-
-
-def logits(model, batch) -> torch.Tensor:
-    with torch.no_grad():
-        return model(**batch).logits
-
-
-def non_uniform_plan(model) -> dict[int, list[int]]:
-    """Different counts per site, one site emptied, and in encoder-decoders every kind touched."""
-    n = len(attention_sites(model))
-    plan = {0: [1, 2], 1: [0, 1, 2, 3]}
-    if n > 2:
-        plan.update({2: [0, 1, 2, 3], 3: [3], n - 1: [0, 2]})
-    return plan
-
+from tests.tiny_models import (
+    FAMILIES,
+    FAMILY_IMPLS,
+    SEQ2SEQ,
+    impl_for,
+    logits,
+    non_uniform_plan,
+    tiny_batch,
+    tiny_model,
+)
 
 # --- sites -------------------------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import transformers
 
+from pipeline.sites import attention_sites
+
 VOCAB = 96
 PAD, EOS = 0, 1
 
@@ -30,6 +32,12 @@ CONFIGS = {
 }
 FAMILIES = sorted(CONFIGS)
 SEQ2SEQ = {"marian", "bart"}
+# MPNet has no sdpa implementation in transformers; every other family is checked under both.
+FAMILY_IMPLS = [(f, impl) for f in FAMILIES for impl in ("sdpa", "eager") if not (f == "mpnet" and impl == "sdpa")]
+
+
+def impl_for(family: str) -> str:
+    return "eager" if family == "mpnet" else "sdpa"
 
 
 def tiny_model(family: str, attn_implementation: str = "sdpa", seed: int = 0, num_labels: int = 3):
@@ -58,3 +66,28 @@ def tiny_batch(family: str, batch_size: int = 3, length: int = 7, seed: int = 0,
     else:
         batch["labels"] = torch.randint(0, 3, (batch_size,), generator=g)
     return batch
+
+
+def logits(model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+def non_uniform_plan(model) -> dict[int, list[int]]:
+    """A head plan with different counts per site, one site emptied, and in encoder-decoders every kind touched."""
+    n = len(attention_sites(model))
+    plan = {0: [1, 2], 1: [0, 1, 2, 3]}
+    if n > 2:
+        plan.update({2: [0, 1, 2, 3], 3: [3], n - 1: [0, 2]})
+    return plan
+
+
+def randomize_biases(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """Give every bias random values: these families initialise them to zero, which would let an emptied
+    FFN block (whose output is its second linear's bias) pass for a block that outputs nothing."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.copy_(0.1 * torch.randn(param.shape, generator=g))
+    return model
