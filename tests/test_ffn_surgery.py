@@ -203,7 +203,7 @@ def test_pruned_generate_equals_gated_generate(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_an_emptied_ffn_block_outputs_its_second_linears_bias_and_still_backpropagates(family):
+def test_an_emptied_ffn_block_outputs_its_second_linears_bias_and_still_backpropagates_and_gates(family):
     model, batch = randomize_biases(tiny_model(family, impl_for(family))), tiny_batch(family)
     prune_neurons(model, {0: range(NEURONS)})
     site = ffn_sites(model)[0]
@@ -218,6 +218,11 @@ def test_an_emptied_ffn_block_outputs_its_second_linears_bias_and_still_backprop
     assert torch.equal(outputs[0], site.fc_out.bias.expand_as(outputs[0]))
     assert site.fc_out.bias.grad.abs().max() > 0 and site.fc_in.weight.grad.shape == (0, HIDDEN)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    # Gates on a model with an emptied block: an empty gate there, the others' per-example gradients as ever.
+    with neuron_gates(model) as gates:
+        leaves = gates.per_example(batch["labels"].shape[0])
+        per_example_loss(model, batch).sum().backward()
+    assert leaves[0].shape == (3, 0) and leaves[1].grad.abs().max() > 0
 
 
 def test_successive_neuron_prunings_use_original_indices():
