@@ -265,7 +265,3 @@ def layer_stack(model: nn.Module, kind: str) -> nn.ModuleList:
 
 def heads_per_site(model: nn.Module) -> list[int]:
     return [site.num_heads for site in attention_sites(model)]
-
-
-def neurons_per_site(model: nn.Module) -> list[int]:
-    return [site.num_neurons for site in ffn_sites(model)]
