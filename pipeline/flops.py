@@ -15,8 +15,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def forward_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int:
-    """FLOPs of one forward pass of `model` on `inputs`."""
+def module_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """FLOPs of one forward pass of `model` on `inputs`, per module: each module's name (as in
+    `named_modules`, "" for the whole model) maps to the FLOPs run inside it, its submodules included."""
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
@@ -24,7 +25,17 @@ def forward_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int:
             model(**inputs)
     finally:
         model.set_attn_implementation(previous)
-    return counter.get_total_flops()
+    root = type(model).__name__
+    flops = {"": counter.get_total_flops()}
+    for name, by_op in counter.get_flop_counts().items():
+        if name.startswith(root + "."):
+            flops[name.removeprefix(root + ".")] = sum(by_op.values())
+    return flops
+
+
+def forward_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int:
+    """FLOPs of one forward pass of `model` on `inputs`."""
+    return module_flops(model, inputs)[""]
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -8,7 +8,8 @@ script does, lets opposite-signed examples cancel and ranks heads worse).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,24 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tor
     return nll.sum(dim=1) / tokens
 
 
+@contextmanager
+def frozen_for_gate_gradients(model: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout, as the paper's code scores) and no parameter gradients, so a backward pass
+    computes only the gates' gradients; restores both on exit."""
+    was_training = model.training
+    model.eval()
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        model.train(was_training)
+
+
 def head_importance(
     model: nn.Module,
     batches: Iterable[Mapping[str, torch.Tensor]],
@@ -45,31 +64,20 @@ def head_importance(
 ) -> list[torch.Tensor]:
     """The paper's estimator, one `[num_heads]` float tensor per attention site.
 
-    `batches` yields model inputs with `labels`. Run in eval mode (no dropout), as the paper's code
-    does. Returns E_x |dL(x)/d(xi_h)| averaged over all examples seen.
+    `batches` yields model inputs with `labels`. Returns E_x |dL(x)/d(xi_h)| averaged over all examples seen.
     """
-    was_training = model.training
-    model.eval()
-    frozen = [p for p in model.parameters() if p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
     device = next(model.parameters()).device
     totals: list[torch.Tensor] | None = None
     examples = 0
-    try:
-        with head_gates(model) as gates, torch.enable_grad():
-            for batch in tqdm(batches, desc="importance", disable=not progress, leave=False):
-                batch = {k: v.to(device) for k, v in batch.items()}
-                size = batch["labels"].shape[0]
-                leaves = gates.per_example(size)
-                per_example_loss(model, batch).sum().backward()
-                grads = [leaf.grad.abs().sum(dim=0) for leaf in leaves]
-                totals = grads if totals is None else [t + g for t, g in zip(totals, grads, strict=True)]
-                examples += size
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-        model.train(was_training)
+    with frozen_for_gate_gradients(model), head_gates(model) as gates:
+        for batch in tqdm(batches, desc="importance", disable=not progress, leave=False):
+            batch = {k: v.to(device) for k, v in batch.items()}
+            size = batch["labels"].shape[0]
+            leaves = gates.per_example(size)
+            per_example_loss(model, batch).sum().backward()
+            grads = [leaf.grad.abs().sum(dim=0) for leaf in leaves]
+            totals = grads if totals is None else [t + g for t, g in zip(totals, grads, strict=True)]
+            examples += size
     if totals is None:
         raise ValueError("head_importance got no batches: the scoring data is empty")
     return [t.detach().cpu() / examples for t in totals]
