@@ -1,0 +1,295 @@
+"""Specification of budgeted pruning (Kwon et al., 2022) on tiny random models: Fisher gradients, unit costs,
+the budgeted search, the greedy rearrangement, least-squares tuning, and the whole method."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pipeline.budgeted import (
+    METHODS,
+    BudgetError,
+    Selection,
+    UnitCosts,
+    budgeted_prune,
+    flop_costs,
+    gate_gradients,
+    latency_costs,
+    latency_table,
+    rearrange_site,
+    search,
+    tune,
+)
+from pipeline.checkpoint import load_model, save_model
+from pipeline.flops import forward_flops
+from pipeline.importance import per_example_loss
+from pipeline.sites import attention_sites, ffn_sites
+from pipeline.surgery import prune_heads, prune_neurons
+from tests.tiny_models import SEQ2SEQ, tiny_batch, tiny_model
+
+ENCODERS = ["bert", "distilbert", "mpnet", "roberta"]
+
+
+def batches(family: str, count: int = 3, size: int = 4) -> list[dict]:
+    return [tiny_batch(family, batch_size=size, length=9, seed=seed) for seed in range(count)]
+
+
+def probe(family: str) -> dict:
+    """Forward inputs; a translation model gets its labels too, from which it builds the decoder's inputs."""
+    batch = tiny_batch(family, batch_size=2, length=9)
+    return batch if family in SEQ2SEQ else {k: v for k, v in batch.items() if k != "labels"}
+
+
+def removed_objective(gradients: torch.Tensor, kept: list[int]) -> float:
+    """Kwon's loss model for removing the other units: sum over examples of (sum of their gradients)^2."""
+    removed = sorted(set(range(gradients.shape[1])) - set(kept))
+    return float(gradients[:, removed].sum(dim=1).pow(2).sum())
+
+
+@pytest.mark.parametrize("family", ["bert", "marian"])
+def test_gate_gradients_are_each_examples_own_gradient(family):
+    model = tiny_model(family, attn_implementation="eager")
+    batch = tiny_batch(family, batch_size=3, length=7)
+    trainable = [p.requires_grad for p in model.parameters()]
+    gradients = gate_gradients(model, [batch], progress=False)
+    assert [g.shape for g in gradients.heads] == [(3, s.num_heads) for s in attention_sites(model)]
+    assert [g.shape for g in gradients.neurons] == [(3, s.num_neurons) for s in ffn_sites(model)]
+    # Example 1 alone, through the same gates: its row of the batched per-example gradients.
+    from pipeline.gates import head_gates, neuron_gates
+
+    alone = {k: v[1:2] for k, v in batch.items()}
+    with head_gates(model, requires_grad=True) as h, neuron_gates(model, requires_grad=True) as n:
+        per_example_loss(model, alone).sum().backward()
+        for site, gate in enumerate(h):
+            torch.testing.assert_close(gradients.heads[site][1], gate.grad, rtol=1e-4, atol=1e-6)
+        for site, gate in enumerate(n):
+            torch.testing.assert_close(gradients.neurons[site][1], gate.grad, rtol=1e-4, atol=1e-6)
+    fisher_heads, fisher_neurons = gradients.fisher()
+    torch.testing.assert_close(fisher_heads[0], gradients.heads[0].pow(2).sum(0))
+    assert [p.requires_grad for p in model.parameters()] == trainable, "parameters are unfrozen afterwards"
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "marian"])
+def test_flop_costs_add_up_to_the_pruned_models_flops(family):
+    model = tiny_model(family, attn_implementation="eager")
+    inputs = probe(family)
+    costs = flop_costs(model, inputs)
+    assert costs.cost(costs.head_counts, costs.neuron_counts) == pytest.approx(costs.total)
+    head_plan = {0: [0, 2], len(costs.head) - 1: [0, 1, 2, 3]}
+    neuron_plan = {0: list(range(10)), len(costs.neuron) - 1: list(range(37))}
+    pruned = prune_neurons(prune_heads(copy.deepcopy(model), head_plan), neuron_plan)
+    heads = [s.num_heads for s in attention_sites(pruned)]
+    neurons = [s.num_neurons for s in ffn_sites(pruned)]
+    assert costs.cost(heads, neurons) == pytest.approx(forward_flops(pruned, inputs), rel=1e-9)
+
+
+def _costs(heads: list[int], neurons: list[int], head_cost: float = 10.0, neuron_cost: float = 1.0,
+           fixed: float = 50.0) -> UnitCosts:
+    total = fixed + head_cost * sum(heads) + neuron_cost * sum(neurons)
+    return UnitCosts([head_cost] * len(heads), [neuron_cost] * len(neurons), heads, neurons, total, "FLOPs")
+
+
+def test_search_fits_the_budget_and_keeps_the_most_important_units_of_each_kind():
+    g = torch.Generator().manual_seed(0)
+    head_fisher = [torch.rand(4, generator=g) for _ in range(3)]
+    neuron_fisher = [torch.rand(20, generator=g) * 0.3 for _ in range(3)]
+    costs = _costs([4] * 3, [20] * 3)
+    for keep in (0.9, 0.6, 0.35):
+        chosen = search(head_fisher, neuron_fisher, costs, keep)
+        heads, neurons = chosen.counts
+        assert costs.cost(heads, neurons) <= keep * costs.total + 1e-9
+        for fisher, kept in ((head_fisher, chosen.heads), (neuron_fisher, chosen.neurons)):
+            kept_scores = [float(fisher[s][u]) for s in range(3) for u in kept[s]]
+            dropped = [float(fisher[s][u]) for s in range(3) for u in range(len(fisher[s])) if u not in kept[s]]
+            if kept_scores and dropped:
+                assert min(kept_scores) >= max(dropped)
+    assert search(head_fisher, neuron_fisher, costs, 1.0).counts == ([4] * 3, [20] * 3)
+
+
+def test_search_without_neurons_keeps_every_neuron_and_says_when_heads_alone_cannot_reach_the_budget():
+    head_fisher = [torch.arange(4.0) for _ in range(2)]
+    neuron_fisher = [torch.ones(10) for _ in range(2)]
+    costs = _costs([4, 4], [10, 10])  # 50 fixed + 80 heads + 20 neurons = 150
+    chosen = search(head_fisher, neuron_fisher, costs, keep=120 / 150, prune_neurons=False)
+    assert chosen.neurons == [list(range(10))] * 2
+    assert chosen.counts[0] == [3, 2]  # five heads fit: the most important, ties in model order
+    with pytest.raises(BudgetError, match="heads alone.*46.7%"):
+        search(head_fisher, neuron_fisher, costs, keep=0.3, prune_neurons=False)
+    with pytest.raises(BudgetError, match="out of reach"):
+        search(head_fisher, neuron_fisher, costs, keep=0.2)
+    with pytest.raises(BudgetError, match=r"\(0, 1\]"):
+        search(head_fisher, neuron_fisher, costs, keep=1.5)
+
+
+def test_rearrange_lets_units_whose_gradients_cancel_go_together():
+    # c and d point the same way (removing both costs 4|u|^2); e nearly cancels c (|c + e|^2 = 0.01 |u|^2).
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(50, generator=g)
+    w = 5 * torch.randn(50, generator=g)
+    gradients = torch.stack([u, u, -1.1 * u, w], dim=1)  # units c, d, e, f
+    kept_by_fisher = [2, 3]  # the diagonal alone removes c and d
+    kept = rearrange_site(kept_by_fisher, gradients)
+    assert len(kept) == 2 and 2 not in kept
+    assert removed_objective(gradients, kept) < 0.01 * removed_objective(gradients, kept_by_fisher)
+    assert rearrange_site([0, 1, 2, 3], gradients) == [0, 1, 2, 3]
+    assert rearrange_site([], gradients) == []
+
+
+def test_rearrange_never_does_worse_than_the_fisher_diagonal():
+    g = torch.Generator().manual_seed(1)
+    gradients = torch.randn(64, 16, generator=g) @ torch.randn(16, 16, generator=g)  # correlated units
+    diagonal_order = torch.argsort(gradients.pow(2).sum(0), stable=True).tolist()
+    for kept_count in (4, 8, 12):
+        by_fisher = sorted(diagonal_order[16 - kept_count:])
+        kept = rearrange_site(by_fisher, gradients)
+        assert len(kept) == kept_count
+        assert removed_objective(gradients, kept) <= removed_objective(gradients, by_fisher) + 1e-6
+
+
+@torch.no_grad()
+def _last_hidden(model, batch) -> torch.Tensor:
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    return model(**inputs, output_hidden_states=True).hidden_states[-1]
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_tune_on_an_unpruned_copy_changes_nothing(family):
+    teacher = tiny_model(family, attn_implementation="eager")
+    student = copy.deepcopy(teacher)
+    outcome = tune(student, teacher, batches(family), progress=False)
+    assert outcome["tuned"] == 2 * len(attention_sites(teacher))
+    batch = tiny_batch(family, batch_size=3, length=9, seed=7)
+    torch.testing.assert_close(_last_hidden(student, batch), _last_hidden(teacher, batch), rtol=1e-4, atol=1e-4)
+
+
+def sharpened(family: str) -> torch.nn.Module:
+    """A tiny model whose sublayers matter: at the usual 0.02 initialisation the residual stream swamps them."""
+    model = tiny_model(family, attn_implementation="eager")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0, 0.2, generator=g)
+    return model
+
+
+def pruned_half(model: torch.nn.Module) -> torch.nn.Module:
+    return prune_neurons(prune_heads(copy.deepcopy(model), {0: [1, 3], 1: [0]}),
+                         {0: list(range(0, 37, 2)), 1: list(range(20))})
+
+
+@torch.no_grad()
+def first_attention_error(student, teacher, data) -> float:
+    """Squared error of layer 0's attention output plus residual, student against teacher, over real tokens."""
+    def outputs(model):
+        site, found = attention_sites(model)[0], []
+        handle = site.out_proj.register_forward_hook(lambda _m, _a, out: found.append(out))
+        try:
+            for batch in data:
+                model(**{k: v for k, v in batch.items() if k != "labels"})
+        finally:
+            handle.remove()
+        return torch.cat([out[b["attention_mask"].bool()] for out, b in zip(found, data, strict=True)])
+
+    # Both see the same layer-0 input, so the residuals cancel and the outputs alone are compared.
+    return float((outputs(student) - outputs(teacher)).pow(2).sum())
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_tuned_scales_solve_the_least_squares_fit_of_each_layer(family):
+    teacher = sharpened(family)
+    data = batches(family, count=6, size=8)
+    untuned = pruned_half(teacher)
+    tuned = copy.deepcopy(untuned)
+    tune(tuned, teacher, data, progress=False)
+    best = first_attention_error(tuned, teacher, data)
+    assert best < first_attention_error(untuned, teacher, data)
+    # The fit is a minimum: moving any kept head's scale away from it makes layer 0 worse.
+    out_proj, width = attention_sites(tuned)[0].out_proj, 8
+    for head in range(attention_sites(tuned)[0].num_heads):
+        for factor in (0.95, 1.05):
+            nudged = copy.deepcopy(tuned)
+            with torch.no_grad():
+                attention_sites(nudged)[0].out_proj.weight[:, head * width:(head + 1) * width] *= factor
+            assert first_attention_error(nudged, teacher, data) > best
+    assert out_proj.in_features == 2 * width
+
+    # And the whole model ends closer to the unpruned one on the data it was tuned on.
+    def error(model):
+        return sum(float((_last_hidden(model, b) - _last_hidden(teacher, b)).pow(2).mean()) for b in data)
+
+    assert error(tuned) < error(untuned)
+    # The scales live in the weights: the tuned model has the pruned shapes and no extra parameters.
+    assert [s.num_heads for s in attention_sites(tuned)] == [2, 3]
+    assert sum(p.numel() for p in tuned.parameters()) == sum(p.numel() for p in untuned.parameters())
+
+
+def test_tune_refuses_encoder_decoder_models():
+    teacher = tiny_model("marian", attn_implementation="eager")
+    with pytest.raises(ValueError, match="encoder-only"):
+        tune(copy.deepcopy(teacher), teacher, batches("marian"), progress=False)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_budgeted_prune_meets_the_flop_budget_is_deterministic_and_saves(method, tmp_path):
+    model = tiny_model("bert", attn_implementation="eager")
+    data = batches("bert")
+    gradients = gate_gradients(model, data, progress=False)
+    costs = flop_costs(model, probe("bert"))
+    keep = 0.8 if method == "budgeted-heads" else 0.6
+    result = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data)
+    assert forward_flops(result.model, probe("bert")) <= keep * costs.total * (1 + 1e-9)
+    again = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data)
+    assert again.selection == result.selection
+    batch = {k: v for k, v in tiny_batch("bert", seed=3).items() if k != "labels"}
+    torch.testing.assert_close(again.model(**batch).logits, result.model(**batch).logits, rtol=0, atol=0)
+    if method == "budgeted-heads":
+        assert [s.num_neurons for s in ffn_sites(result.model)] == [37, 37]
+    reloaded = load_model(save_model(result.model, tmp_path / "pruned"), attn_implementation="eager")
+    torch.testing.assert_close(reloaded(**batch).logits, result.model(**batch).logits, rtol=0, atol=0)
+
+
+def test_budgeted_prune_rejects_unknown_methods_and_tuning_without_data():
+    model = tiny_model("bert", attn_implementation="eager")
+    gradients = gate_gradients(model, batches("bert", count=1), progress=False)
+    costs = flop_costs(model, probe("bert"))
+    with pytest.raises(ValueError, match="unknown budgeted method 'magnitude'; choose one of budgeted-heads"):
+        budgeted_prune(model, gradients, costs, 0.5, "magnitude")
+    with pytest.raises(ValueError, match="tune_batches"):
+        budgeted_prune(model, gradients, costs, 0.5, "budgeted-tuned")
+
+
+def test_latency_costs_recover_the_slope_of_a_latency_table():
+    model = tiny_model("bert", attn_implementation="eager")  # 2 layers of 4 heads and 37 neurons
+    table = ([dict(units="heads", per_layer=n, seconds=1.0 + 0.02 * n) for n in (4, 3, 2, 1)]
+             + [dict(units="neurons", per_layer=n, seconds=1.08 - 0.001 * (37 - n)) for n in (37, 28, 18, 9)])
+    costs = latency_costs(model, table)
+    assert costs.unit == "s"
+    assert costs.head == pytest.approx([0.01, 0.01]) and costs.neuron == pytest.approx([0.0005, 0.0005])
+    assert costs.total == pytest.approx(1.08)
+    with pytest.raises(ValueError, match="two distinct heads counts"):
+        latency_costs(model, [dict(units="heads", per_layer=4, seconds=1.0)] + table[4:])
+
+
+def test_latency_table_times_every_layer_cut_to_fewer_units():
+    model = tiny_model("bert", attn_implementation="eager")
+    calls = []
+
+    def count_calls(fn, repeats):
+        fn()
+        calls.append(repeats)
+        return 0.5
+
+    rows = latency_table(model, probe("bert"), repeats=2, points=3, timer=count_calls)
+    assert [(r["units"], r["per_layer"]) for r in rows] == [("heads", 4), ("heads", 2), ("heads", 1),
+                                                          ("neurons", 37), ("neurons", 23), ("neurons", 9)]
+    assert calls == [2] * 6
+
+
+def test_selection_plans_name_original_indices_of_the_units_that_go():
+    model = tiny_model("bert", attn_implementation="eager")
+    selection = Selection(heads=[[0, 3], [0, 1, 2, 3]], neurons=[list(range(30)), list(range(37))])
+    heads, neurons = selection.plans(model)
+    assert heads == {0: [1, 2], 1: []} and neurons == {0: list(range(30, 37)), 1: []}
