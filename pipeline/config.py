@@ -76,6 +76,46 @@ class ScoreParams(Section):
     normalize_p: float | None = Field(2.0, gt=0)
 
 
+BUDGETED_METHODS = ("budgeted-heads", "budgeted", "budgeted-tuned")  # pipeline.budgeted.METHODS
+
+
+class LatencyProbeParams(Section):
+    """The input shape the per-layer latency table is measured at (the benchmark's largest by default)."""
+
+    batch_size: int = Field(64, ge=1)
+    seq_len: int = Field(128, ge=1)
+    repeats: int = Field(3, ge=1)
+
+
+class BudgetedParams(Section):
+    """Beyond the paper: heads and FFN neurons pruned jointly under a cost budget, with no retraining
+    (Kwon et al., 2022), compared with the paper's heads-only order at equal cost."""
+
+    methods: list[Literal[BUDGETED_METHODS]] = Field(default_factory=lambda: list(BUDGETED_METHODS))
+    # flops: the model's FLOPs; latency: seconds from a per-layer latency table measured on this machine.
+    budget: Literal["flops", "latency"] = "flops"
+    levels: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
+        default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], min_length=1)  # fraction of the budget removed
+    fisher_examples: int = Field(2048, ge=1)  # of score.split: the Fisher sample
+    tune_examples: int = Field(512, ge=1)  # of the same sample: the least-squares tuning's
+    max_examples: int | None = Field(None, ge=10)  # of dev and test per evaluation; null = whole splits
+    save_levels: list[float] = Field(default_factory=lambda: [0.4])  # budgeted-tuned models for benchmark
+    latency: LatencyProbeParams = LatencyProbeParams()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BudgetedParams:
+        for level in self.save_levels:
+            if level not in self.levels:
+                raise ValueError(f"save_levels: {level} is not one of levels {self.levels}")
+        if self.save_levels and "budgeted-tuned" not in self.methods:
+            raise ValueError("save_levels saves budgeted-tuned models: add budgeted-tuned to methods, "
+                             "or set save_levels: []")
+        if self.tune_examples > self.fisher_examples:
+            raise ValueError(f"tune_examples ({self.tune_examples}) must not exceed fisher_examples "
+                             f"({self.fisher_examples}): tuning uses part of the Fisher sample")
+        return self
+
+
 class PruneParams(Section):
     step: float = Field(0.1, gt=0, le=0.5)
     max_fraction: float = Field(0.9, gt=0, lt=1)
@@ -86,6 +126,7 @@ class PruneParams(Section):
     max_examples: int | None = Field(300, ge=10)
     # Physically pruned models are saved at these fractions, for the recover and benchmark stages.
     save_fractions: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7])
+    budgeted: BudgetedParams = BudgetedParams()
 
     @model_validator(mode="after")
     def _save_fractions_on_the_curve(self) -> PruneParams:
@@ -214,6 +255,15 @@ class TranslationPruneParams(PruneParams):
     max_examples: int | None = Field(400, ge=10)
     by_kind: bool = True  # Figure 5: also prune each attention kind alone
     checkpoints: bool = True  # Figure 6: the importance curve of every saved training checkpoint
+    # Off by default: every level decodes the test set, and tuning needs an encoder-only model.
+    budgeted: BudgetedParams = BudgetedParams(methods=[], save_levels=[])
+
+    @model_validator(mode="after")
+    def _no_tuning(self) -> TranslationPruneParams:
+        if "budgeted-tuned" in self.budgeted.methods:
+            raise ValueError("budgeted.methods: budgeted-tuned needs an encoder-only model; translation "
+                             "experiments can use budgeted-heads and budgeted")
+        return self
 
 
 class TranslationBenchmarkParams(Section):

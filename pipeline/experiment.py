@@ -90,6 +90,10 @@ class Experiment:
     def pruned_dir(self, fraction: float) -> Path:
         return self.pruned_root / f"{round(100 * fraction):02d}"
 
+    def budgeted_dir(self, level: float) -> Path:
+        """The budgeted-tuned model with `level` of its cost removed."""
+        return self.pruned_root / f"budgeted-{round(100 * level):02d}"
+
     @property
     def checkpoints_dir(self) -> Path:
         return self.artifacts / "checkpoints"
@@ -136,12 +140,17 @@ class Experiment:
         return sets
 
     def score_batches(self) -> list[dict[str, torch.Tensor]]:
-        """The importance-scoring data: a seeded subset of `score.split` (the paper used training data);
-        for translation, source/target pairs whose loss is the token-level NLL."""
+        """The importance-scoring data: a seeded subset of `score.max_examples` examples of `score.split`
+        (the paper used training data)."""
+        return self.sample_batches(self.params.score.max_examples)
+
+    def sample_batches(self, max_examples: int | None) -> list[dict[str, torch.Tensor]]:
+        """Labelled batches of a seeded subset of `score.split` (None: all of it); a smaller subset is part of
+        a larger one. For translation, source/target pairs whose loss is the token-level NLL."""
         s = self.params.score
         data = self.splits()[s.split]
-        if s.max_examples is not None and s.max_examples < len(data):
-            data = data.shuffle(seed=self.params.seed).select(range(s.max_examples))
+        if max_examples is not None and max_examples < len(data):
+            data = data.shuffle(seed=self.params.seed).select(range(max_examples))
         if self.is_translation:
             pad = self.tokenizer().pad_token_id
             ids, labels = data["input_ids"][:], data["labels"][:]

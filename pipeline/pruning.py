@@ -1,5 +1,6 @@
 """Iterative pruning curves (the paper's Figures 3/4): cumulative removal of the globally least
-important heads, evaluated at each level on every split.
+important heads, evaluated at each level on every split. Beyond the paper: the budgeted methods of
+`pipeline.budgeted` against the paper's order at equal cost (`budgeted_curves`).
 
 Every level is evaluated on a physically pruned copy (outputs equal the masked model's; tested in
 the core), which is also faster. Results are memoised by the set of removed heads, so levels that
@@ -16,10 +17,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from pipeline.budgeted import Batches, BudgetError, UnitCosts, UnitGradients, budgeted_prune
 from pipeline.evaluation import TaskEval
 from pipeline.flops import forward_flops
 from pipeline.importance import Head, head_importance, normalize_per_layer, rank_heads, select_heads
-from pipeline.sites import attention_sites
+from pipeline.sites import attention_sites, ffn_sites
 from pipeline.surgery import prune_heads
 
 Plan = dict[int, list[int]]
@@ -74,18 +76,23 @@ class CurveEvaluator:
     def __init__(self, model: nn.Module, evals: Mapping[str, TaskEval], flops_probe: Mapping[str, torch.Tensor]):
         self.model, self.evals, self.probe = model, evals, flops_probe
         self.total_heads = sum(s.num_heads for s in attention_sites(model))
+        self.total_neurons = sum(s.num_neurons for s in ffn_sites(model))
         self.base_flops = forward_flops(model, flops_probe)
         self._cache: dict[frozenset, dict] = {}
 
     def __call__(self, plan: Mapping[int, Sequence[int]]) -> dict:
         key = frozenset((s, h) for s, heads in plan.items() for h in heads)
         if key not in self._cache:
-            model = pruned_copy(self.model, plan)
-            result = {split: task_eval(model)[0] for split, task_eval in self.evals.items()}
-            result["heads_pruned"] = len(key)
-            result["fraction_flops_removed"] = 1 - forward_flops(model, self.probe) / self.base_flops
-            self._cache[key] = result
+            self._cache[key] = self.evaluate(pruned_copy(self.model, plan))
         return self._cache[key]
+
+    def evaluate(self, model: nn.Module) -> dict:
+        """The metric of `model` (a pruned copy of the evaluator's) on every split, with how much it prunes."""
+        result = {split: task_eval(model)[0] for split, task_eval in self.evals.items()}
+        result["heads_pruned"] = self.total_heads - sum(s.num_heads for s in attention_sites(model))
+        result["neurons_pruned"] = self.total_neurons - sum(s.num_neurons for s in ffn_sites(model))
+        result["fraction_flops_removed"] = 1 - forward_flops(model, self.probe) / self.base_flops
+        return result
 
     def curve(self, method: str, plans: Iterable[Plan], of_heads: int | None = None,
               progress: bool = True) -> pd.DataFrame:
@@ -112,3 +119,61 @@ def mean_over_seeds(curves: Sequence[pd.DataFrame], method: str) -> pd.DataFrame
         fraction_flops_removed=("fraction_flops_removed", "mean")).reset_index()
     out.insert(0, "method", method)
     return out
+
+
+def paper_plan_at_cost(order: Sequence[Head], costs: UnitCosts, keep: float) -> Plan | None:
+    """The paper's method under a cost budget: heads go in importance order (least important first) until
+    the model costs at most `keep` of the unpruned one. None when even removing every head is not enough."""
+    budget, cost, plan = keep * costs.total * (1 + 1e-9), costs.total, {}
+    for site, head in order:
+        if cost <= budget:
+            break
+        plan.setdefault(site, []).append(head)
+        cost -= costs.head[site]
+    return {site: sorted(heads) for site, heads in plan.items()} if cost <= budget else None
+
+
+def budgeted_curves(
+    model: nn.Module, evaluator: CurveEvaluator, gradients: UnitGradients, costs: UnitCosts,
+    paper_order: Sequence[Head], levels: Sequence[float], methods: Sequence[str], tune_batches: Batches,
+    first_token_last_layer: bool, keep_models_at: Sequence[float] = (),
+) -> tuple[pd.DataFrame, dict[str, float], dict[float, nn.Module]]:
+    """The paper's order and each budgeted method at every level (the fraction of the cost removed).
+
+    Returns one row per method, level and split (levels a method cannot reach are left out: pruning heads
+    alone cannot remove the FFNs' share), the seconds each budgeted prune took, and the budgeted-tuned
+    models at `keep_models_at`.
+    """
+    rows: list[dict] = []
+    seconds: dict[str, float] = {}
+    kept_models: dict[float, nn.Module] = {}
+    unpruned = evaluator.evaluate(model)
+
+    def add(method: str, level: float, result: dict, took: float | None = None) -> None:
+        for split in evaluator.evals:
+            rows.append(dict(method=method, split=split, budget_removed=level,
+                             fraction_flops_removed=result["fraction_flops_removed"],
+                             heads_pruned=result["heads_pruned"], neurons_pruned=result["neurons_pruned"],
+                             metric=result[split], examples=len(evaluator.evals[split]), seconds=took))
+
+    all_methods = ["paper", *methods]
+    for method in all_methods:
+        add(method, 0.0, unpruned)
+    for level, method in tqdm([(lv, m) for lv in levels for m in all_methods], desc="prune (budgeted)",
+                              leave=False):
+        if method == "paper":
+            plan = paper_plan_at_cost(paper_order, costs, 1 - level)
+            if plan is not None:
+                add(method, level, evaluator.evaluate(pruned_copy(model, plan)))
+            continue
+        try:
+            result = budgeted_prune(model, gradients, costs, 1 - level, method, tune_batches,
+                                    first_token_last_layer)
+        except BudgetError:
+            continue
+        took = sum(result.seconds.values())
+        seconds[f"{method}@{level:g}"] = round(took, 2)
+        add(method, level, evaluator.evaluate(result.model), took)
+        if method == "budgeted-tuned" and level in keep_models_at:
+            kept_models[level] = result.model
+    return pd.DataFrame(rows), seconds, kept_models

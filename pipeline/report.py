@@ -14,6 +14,10 @@ Inputs in report_dir (columns):
     benchmark.csv       fraction_pruned, batch_size, attn_implementation, examples_per_s, speedup,
                         ideal_speedup, params [, weights_mb, activations_mb, peak_memory_mb]
                         (speedup = throughput ratio pruned / unpruned, 1.0 = no change)
+    budgeted_curve.csv  method, split, budget_removed, fraction_flops_removed, heads_pruned,
+                        neurons_pruned, metric [, seconds]   (the paper's order and Kwon-style budgets)
+    benchmark_budgeted.csv  budget_removed, batch_size, attn_implementation, examples_per_s, speedup,
+                        ideal_speedup
 
 CLI:  python -m pipeline.report <report_dir> --title "..."
 """
@@ -63,6 +67,11 @@ PAPER: dict = {
     },
 }
 
+# Kwon, Kim, Mahoney, Hassoun, Keutzer & Gholami (2022), "A Fast Post-Training Pruning Framework for
+# Transformers": heads and FFN neurons under a FLOP or latency budget, no retraining (their abstract).
+KWON: dict = {"flops_removed": 0.4, "loss": "under 1 point", "latency_speedup": 1.56, "minutes": 3,
+              "where": "BERT-base on GLUE and SQuAD", "hardware": "one GPU"}
+
 TOLERANCE = 1.0  # points lost that still count as "no real loss" in the prunable-fraction sentence
 ALPHA = 0.05  # significance level used for the single-head ablation
 SPLIT_ORDER = ["dev", "test"]
@@ -87,7 +96,10 @@ REQUIRED = {
         "speedup",
         "ideal_speedup",
     ],
+    "budgeted_curve.csv": ["method", "split", "budget_removed", "fraction_flops_removed", "metric"],
+    "benchmark_budgeted.csv": ["budget_removed", "batch_size", "attn_implementation", "speedup", "ideal_speedup"],
 }
+BUDGETED_ORDER = ["paper", "budgeted-heads", "budgeted", "budgeted-tuned"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -154,6 +166,8 @@ class Inputs:
     recovery: pd.DataFrame | None = None
     benchmark: pd.DataFrame | None = None
     prune: dict | None = None
+    budgeted: pd.DataFrame | None = None
+    benchmark_budgeted: pd.DataFrame | None = None
 
     @classmethod
     def load(cls, report_dir: Path) -> Inputs:
@@ -170,6 +184,8 @@ class Inputs:
             curve=_read_csv(report_dir, "pruning_curve.csv"),
             recovery=_read_csv(report_dir, "recovery.csv"),
             benchmark=_read_csv(report_dir, "benchmark.csv"),
+            budgeted=_read_csv(report_dir, "budgeted_curve.csv"),
+            benchmark_budgeted=_read_csv(report_dir, "benchmark_budgeted.csv"),
         )
 
     @property
@@ -595,6 +611,154 @@ def _section_curves(doc: Doc, inp: Inputs) -> None:
         doc.figure(fig, "pruning_curve_flops.png", f"{inp.metric_name} vs. share of inference FLOPs removed.")
 
 
+def _budgeted_at(curve: pd.DataFrame, split: str, method: str, level: float) -> float | None:
+    rows = _at(curve[(curve["split"] == split) & (curve["method"] == method)], "budget_removed", level)
+    return float(rows["metric"].iloc[0]) if not rows.empty else None
+
+
+def _section_budgeted(doc: Doc, inp: Inputs) -> None:
+    curve = inp.budgeted
+    if curve is None:
+        return
+    methods = [m for m in BUDGETED_ORDER if m in set(curve["method"])]
+    splits = _splits(curve)
+    doc.h(1, "Beyond the paper: heads and FFN neurons under a FLOP budget")
+    doc.p("The paper prunes heads only, ranks them by |gradient| and never retrains. Kwon et al. (2022) prune "
+          "heads and FFN neurons jointly under a FLOP budget, also without retraining: choose by Fisher "
+          "importance, rearrange within each layer, then tune the kept units' scales by least squares. Here each "
+          "method removes the same share of the model's FLOPs; `paper` removes heads in the paper's importance "
+          "order until the model fits. `budgeted-heads` is Fisher on heads only, `budgeted` adds FFN neurons, "
+          "`budgeted-tuned` adds the tuning.")
+    fig, axes = plt.subplots(1, len(splits), figsize=(6.0 * len(splits), 4.3), squeeze=False, sharey=True,
+                             layout="constrained")
+    for ax, split in zip(axes[0], splits, strict=True):
+        part = curve[curve["split"] == split]
+        for i, method in enumerate(methods):
+            rows = part[part["method"] == method].sort_values("budget_removed")
+            ax.plot(100 * rows["budget_removed"], rows["metric"], label=method, ms=3.5, lw=1.5, **_style(method, i))
+        base = _budgeted_at(curve, split, methods[0], 0.0)
+        if base is not None:
+            ax.axhline(base - TOLERANCE, color="0.6", lw=0.8, ls=":", label=f"unpruned - {TOLERANCE:g} {inp.point}")
+        ax.set_title(f"{split} split")
+        ax.set_xlabel("FLOPs removed (% of the model's)")
+        ax.set_ylabel(inp.metric_label)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="lower left")
+    fig.suptitle("Accuracy at equal FLOPs")
+    doc.figure(fig, "budgeted_flops.png", f"{inp.metric_name} of each method at the same share of FLOPs removed.")
+
+    split = "test" if "test" in splits else splits[-1]
+    levels = sorted(set(curve["budget_removed"]) - {0.0})
+    table = {"FLOPs removed": [_pct(lv) for lv in levels]}
+    for method in methods:
+        table[method] = [_num(v) if (v := _budgeted_at(curve, split, method, lv)) is not None else "out of reach"
+                         for lv in levels]
+    if {"paper", "budgeted-tuned"} <= set(methods):
+        margins = []
+        for lv in levels:
+            ours, paper = _budgeted_at(curve, split, "budgeted-tuned", lv), _budgeted_at(curve, split, "paper", lv)
+            margins.append(_signed(ours - paper) if ours is not None and paper is not None else "")
+        table["budgeted-tuned - paper"] = margins
+    examples = int(curve[curve["split"] == split]["examples"].iloc[0]) if "examples" in curve else None
+    doc.h(2, f"{inp.metric_name} on {split}" + (f" ({examples} examples)" if examples else ""))
+    doc.table(pd.DataFrame(table))
+    doc.ul([s for s in (_sentence_budgeted_accuracy(inp, split), _sentence_budgeted_time(inp),
+                        _sentence_budgeted_speed(inp)) if s])
+
+    doc.h(2, "Side by side: the paper, Kwon et al.'s reported numbers, and this run")
+    ours_level = _budgeted_within_tolerance(curve, split)
+    speed = _budgeted_speed(inp)
+    whole = _whole_prune_seconds(inp)
+    ref = PAPER["speedup"]["table"][PAPER["speedup"]["headline_batch"]]
+    doc.table(pd.DataFrame({
+        "": ["model and task", "what is pruned", "retraining", f"cost removed within {TOLERANCE:g} {inp.point}",
+             "measured speedup", "time to prune"],
+        "Michel et al. (2019)": ["BERT-base, MNLI", "heads", "none",
+                                 f"{PAPER['prunable']['MNLI']} of heads (heads hold about a third of the FLOPs)",
+                                 f"+{ref[2]}% examples/s, 50% of heads, batch 64, GPU", "one importance pass"],
+        "Kwon et al. (2022), reported": [KWON["where"], "heads + FFN neurons", "none",
+                                         f"{_pct(KWON['flops_removed'])} of FLOPs ({KWON['loss']} lost)",
+                                         f"{KWON['latency_speedup']}x lower latency",
+                                         f"under {KWON['minutes']} minutes on {KWON['hardware']}"],
+        "this run (budgeted-tuned)": [
+            str((inp.finetune or {}).get("model", "")) + ", " + str((inp.finetune or {}).get("data", "")),
+            "heads + FFN neurons", "none",
+            f"{_pct(ours_level)} of FLOPs ({split})" if ours_level is not None else "none of the levels",
+            speed or "not measured", f"{whole:.0f} s on this machine's CPU" if whole is not None else "not measured"],
+    }))
+
+
+def _budgeted_within_tolerance(curve: pd.DataFrame, split: str) -> float | None:
+    """The largest level at which budgeted-tuned stays within TOLERANCE of unpruned (None if none does)."""
+    base = _budgeted_at(curve, split, "budgeted-tuned", 0.0)
+    rows = curve[(curve["split"] == split) & (curve["method"] == "budgeted-tuned") & (curve["budget_removed"] > 0)]
+    if base is None or rows.empty:
+        return None
+    ok = rows[rows["metric"] >= base - TOLERANCE - 1e-9]["budget_removed"]
+    return float(ok.max()) if not ok.empty else None
+
+
+def _whole_prune_seconds(inp: Inputs) -> float | None:
+    seconds = ((inp.prune or {}).get("budgeted") or {}).get("seconds") or {}
+    whole = [v for k, v in seconds.items() if k.startswith("whole_prune@")]
+    return float(whole[0]) if whole else None
+
+
+def _budgeted_speed(inp: Inputs) -> str | None:
+    bench = inp.benchmark_budgeted
+    if bench is None:
+        return None
+    pruned = bench[bench["budget_removed"] > 0]
+    if pruned.empty:
+        return None
+    r = pruned.sort_values(["batch_size", "budget_removed"]).iloc[-1]
+    return (f"{r.speedup:.2f}x throughput at {_pct(r.budget_removed)} of FLOPs removed, batch {int(r.batch_size)} "
+            f"(ideal {r.ideal_speedup:.2f}x, so {r.speedup / r.ideal_speedup:.2f} of ideal)")
+
+
+def _sentence_budgeted_accuracy(inp: Inputs, split: str) -> str | None:
+    curve = inp.budgeted
+    if "budgeted-tuned" not in set(curve["method"]):
+        return None
+    base = _budgeted_at(curve, split, "budgeted-tuned", 0.0)
+    at = 0.4 if _budgeted_at(curve, split, "budgeted-tuned", 0.4) is not None else None
+    parts = []
+    if at is not None and base is not None:
+        ours = _budgeted_at(curve, split, "budgeted-tuned", at)
+        parts.append(f"With {_pct(at)} of FLOPs removed and no retraining, budgeted-tuned scores {_num(ours)} on "
+                     f"{split} against {_num(base)} unpruned ({_signed(ours - base)} {inp.points}; Kwon et al. "
+                     f"report {KWON['loss']} lost at {_pct(KWON['flops_removed'])} on BERT-base).")
+    margins = []
+    for lv in sorted(set(curve["budget_removed"]) - {0.0}):
+        ours, paper = _budgeted_at(curve, split, "budgeted-tuned", lv), _budgeted_at(curve, split, "paper", lv)
+        if ours is not None and paper is not None:
+            margins.append((lv, ours - paper))
+    if margins:
+        worst = min(m for _, m in margins)
+        verdict = "at least as accurate as" if worst >= 0 else "not always as accurate as"
+        parts.append(f"Against the paper's heads-only order at equal FLOPs it is {verdict} it at every level the "
+                     f"paper's method reaches ({', '.join(f'{_pct(lv)}: {_signed(m)}' for lv, m in margins)}).")
+        unreachable = [lv for lv in sorted(set(curve["budget_removed"]) - {0.0})
+                       if _budgeted_at(curve, split, "paper", lv) is None]
+        if unreachable:
+            parts.append(f"Beyond {_pct(margins[-1][0])} pruning every head is not enough: the FFNs hold the rest "
+                         f"of the FLOPs.")
+    return " ".join(parts) or None
+
+
+def _sentence_budgeted_time(inp: Inputs) -> str | None:
+    whole = _whole_prune_seconds(inp)
+    if whole is None:
+        return None
+    return (f"One whole budgeted-tuned prune (Fisher pass, search, rearrangement and tuning) took {whole:.0f} s on "
+            f"this machine's CPU; Kwon et al. report under {KWON['minutes']} minutes on {KWON['hardware']}.")
+
+
+def _sentence_budgeted_speed(inp: Inputs) -> str | None:
+    speed = _budgeted_speed(inp)
+    return f"Measured: {speed}; Kwon et al. report {KWON['latency_speedup']}x lower latency." if speed else None
+
+
 def _section_recovery(doc: Doc, inp: Inputs) -> None:
     rec = inp.recovery
     if rec is None:
@@ -958,6 +1122,7 @@ def build_report(report_dir: Path, title: str) -> Path:
     _section_paper(doc, inp)
     _section_setup(doc, inp)
     _section_curves(doc, inp)
+    _section_budgeted(doc, inp)
     _section_importance(doc, inp)
     _section_ablation(doc, inp)
     _section_one_head(doc, inp)

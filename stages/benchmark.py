@@ -1,5 +1,7 @@
 """Stage benchmark: the paper's Table 4 on this experiment's physically pruned models: examples/s
-at each batch size beside the ideal FLOP speedup, parameters and peak memory.
+at each batch size beside the ideal FLOP speedup, parameters and peak memory. The budgeted-tuned models
+(heads and FFN neurons pruned, prune.budgeted.save_levels) are measured the same way against the
+unpruned model, in a table of their own.
 
 Translation: decoding speed (sentences/s and tokens/s) of the unpruned and pruned models.
 """
@@ -13,18 +15,29 @@ from pipeline.bench import forward_memory_mb, measure_generation, measure_throug
 from pipeline.experiment import Experiment, log
 
 
-def classification(exp: Experiment, models: dict) -> pd.DataFrame:
+def classification_inputs(exp: Experiment) -> dict:
+    """Real test sentences padded to a fixed length, as the paper's code padded MNLI to 128 tokens."""
     b = exp.params.benchmark
     test, tokenizer = exp.splits()["test"], exp.tokenizer()
-    # Real test sentences padded to a fixed length, as the paper's code padded MNLI to 128 tokens.
     examples = test.select(range(min(max(b.batch_sizes), len(test))))
-    encoded = tokenizer.pad({"input_ids": examples["input_ids"]}, padding="max_length", max_length=b.seq_len,
-                            return_tensors="pt")
-    rows, memory = [], []
-    largest = max(b.batch_sizes)
+    return tokenizer.pad({"input_ids": examples["input_ids"]}, padding="max_length", max_length=b.seq_len,
+                         return_tensors="pt")
+
+
+def throughput(exp: Experiment, models: dict) -> list[dict]:
+    b = exp.params.benchmark
+    encoded = classification_inputs(exp)
+    rows = []
     for batch_size in b.batch_sizes:
-        inputs = {k: v[:batch_size, : b.seq_len] for k, v in encoded.items()}
-        rows += measure_throughput(models, inputs, b.repeats)
+        rows += measure_throughput(models, {k: v[:batch_size, : b.seq_len] for k, v in encoded.items()}, b.repeats)
+    return rows
+
+
+def classification(exp: Experiment, models: dict) -> pd.DataFrame:
+    b = exp.params.benchmark
+    encoded = classification_inputs(exp)
+    rows = throughput(exp, models)
+    largest = max(b.batch_sizes)
     inputs = {k: v[:largest, : b.seq_len] for k, v in encoded.items()}
     memory = [dict(fraction_pruned=f, batch_size=largest, **forward_memory_mb(model, inputs))
               for f, model in models.items()]
@@ -58,6 +71,22 @@ def main() -> None:
         tables.append((translation if exp.is_translation else classification)(exp, models))
     table = pd.concat(tables, ignore_index=True)
     write_csv(exp.reports / "benchmark.csv", table)
+    levels = exp.params.prune.budgeted.save_levels
+    budgeted = pd.DataFrame(columns=["attn_implementation", "batch_size", "budget_removed", "examples_per_s",
+                                     "speedup", "ideal_speedup", "params"])
+    if levels and not exp.is_translation:
+        rows = []
+        for impl in b.attn_implementations:
+            models = {0.0: exp.load(exp.finetuned_dir), **{lv: exp.load(exp.budgeted_dir(lv)) for lv in levels}}
+            for model in models.values():
+                model.set_attn_implementation(impl)
+            rows += throughput(exp, models)
+        budgeted = pd.DataFrame(rows).rename(columns={"fraction_pruned": "budget_removed"})
+        for r in budgeted[budgeted.batch_size == max(b.batch_sizes)].itertuples():
+            log.info("benchmark: budgeted-tuned, %.0f%% of the cost removed, batch %d, %s: speedup %.3f "
+                     "(ideal %.3f)", 100 * r.budget_removed, r.batch_size, r.attn_implementation, r.speedup,
+                     r.ideal_speedup)
+    write_csv(exp.reports / "benchmark_budgeted.csv", budgeted)
     largest = max(b.batch_sizes)
     for r in table[table.batch_size == largest].itertuples():
         log.info("benchmark: %.0f%% pruned, batch %d, %s: %.1f examples/s, speedup %.3f (ideal %.3f)",

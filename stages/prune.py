@@ -1,5 +1,7 @@
 """Stage prune: the iterative pruning curve (Figures 3/4): one-shot importance, re-estimated
-importance and a random order averaged over seeds, each on dev and test.
+importance and a random order averaged over seeds, each on dev and test. Beyond the paper: heads and
+FFN neurons pruned under a FLOP or latency budget with no retraining (Kwon et al., 2022), against the
+paper's order at equal cost (prune.budgeted).
 
 Translation (Figures 5/6), on test only (decoding is the cost): also each attention kind pruned alone,
 and the curve of every saved training checkpoint pruned by its own importance.
@@ -7,17 +9,22 @@ and the curve of every saved training checkpoint pruned by its own importance.
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
 from pipeline.atomic import write_csv, write_json
+from pipeline.bench import random_inputs
+from pipeline.budgeted import flop_costs, gate_gradients, latency_costs, latency_table
 from pipeline.checkpoint import save_model
 from pipeline.evaluation import ClassificationEval
 from pipeline.experiment import Experiment, log
 from pipeline.importance import head_importance, normalize_per_layer, random_order, rank_heads, select_heads
 from pipeline.pruning import (
     CurveEvaluator,
+    budgeted_curves,
     heads_for,
     mean_over_seeds,
     plans_from_order,
@@ -91,9 +98,58 @@ def main() -> None:
     for split in evals:
         fraction, metric, base = prunable_fraction(table, "importance", split)
         summary[split] = {"prunable_fraction_within_1pt": fraction, "metric_at_prunable": metric, "unpruned": base}
+    budgeted_table = pd.DataFrame(columns=["method", "split", "budget_removed", "fraction_flops_removed",
+                                           "heads_pruned", "neurons_pruned", "metric", "examples", "seconds"])
+    if pp.budgeted.methods:
+        budgeted_table, summary["budgeted"] = budgeted(exp, model, order, probe, evals)
+    write_csv(exp.reports / "budgeted_curve.csv", budgeted_table)
+    for split in evals:
+        wide = budgeted_table[budgeted_table.split == split].pivot_table(
+            index="budget_removed", columns="method", values="metric")
+        write_csv(exp.reports / "plots" / f"budgeted_{split}.csv", wide.reset_index())
     write_json(exp.reports / "prune.json", summary)
     log.info("prune: within 1 point of unpruned, %s of heads can go (importance order)",
              ", ".join(f"{100 * summary[s]['prunable_fraction_within_1pt']:.0f}% on {s}" for s in evals))
+
+
+def budgeted(exp: Experiment, model, order, probe, sweep_evals: dict) -> tuple[pd.DataFrame, dict]:
+    """Kwon et al.'s budgeted methods and the paper's order at equal cost; saves the budgeted-tuned models."""
+    b = exp.params.prune.budgeted
+    start = time.perf_counter()
+    sample = exp.sample_batches(b.fisher_examples)
+    gradients = gate_gradients(model, sample)
+    if b.budget == "flops":
+        costs = flop_costs(model, probe)
+    else:
+        inputs = random_inputs(model, b.latency.batch_size, b.latency.seq_len)
+        table = latency_table(model, inputs, b.latency.repeats)
+        write_csv(exp.reports / "plots" / "latency_table.csv", pd.DataFrame(table))
+        costs = latency_costs(model, table)
+    setup_seconds = time.perf_counter() - start
+    if b.max_examples == exp.params.prune.max_examples:
+        evals = sweep_evals
+    elif exp.is_translation:
+        evals = {"test": exp.translation_eval("test", b.max_examples)}
+    else:
+        sets = exp.eval_sets(max_examples=b.max_examples)
+        evals = {s: ClassificationEval(es, exp.task()["metric"]) for s, es in sets.items()}
+    tune_batches = exp.sample_batches(b.tune_examples) if "budgeted-tuned" in b.methods else []
+    table, seconds, kept = budgeted_curves(
+        model, CurveEvaluator(model, evals, probe), gradients, costs, order, b.levels, b.methods, tune_batches,
+        first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels)
+    for level, pruned in kept.items():
+        save_model(pruned, exp.budgeted_dir(level), exp.tokenizer())
+    summary: dict = {"seconds": {"fisher_and_costs": round(setup_seconds, 2), **seconds}}
+    for level in kept:
+        # Kwon's headline cost: one whole budgeted prune, from the Fisher pass to the tuned model.
+        whole = round(setup_seconds + seconds[f"budgeted-tuned@{level:g}"], 2)
+        summary["seconds"][f"whole_prune@{level:g}"] = whole
+        log.info("prune: budgeted-tuned with %.0f%% of the %s removed took %.0f s in all", 100 * level,
+                 b.budget, whole)
+    for split in evals:
+        rows = table[table.split == split]
+        summary[split] = {f"{r.method}@{r.budget_removed:g}": round(r.metric, 4) for r in rows.itertuples()}
+    return table, summary
 
 
 def checkpoint_curves(exp: Experiment, final_evaluator: CurveEvaluator, counts: list[int], final: torch.Tensor

@@ -34,6 +34,10 @@ def test_repro_writes_every_table_figure_and_report(repo):
         "recovery.csv": ["fraction_pruned", "metric_before", "metric_after"],
         "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
                           "ideal_speedup", "params"],
+        "budgeted_curve.csv": ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
+                               "neurons_pruned", "metric", "examples"],
+        "benchmark_budgeted.csv": ["budget_removed", "batch_size", "attn_implementation", "speedup",
+                                   "ideal_speedup"],
     }
     for name, columns in expected_columns.items():
         table = pd.read_csv(reports / name)
@@ -50,6 +54,26 @@ def test_repro_writes_every_table_figure_and_report(repo):
     html = (reports / "report.html").read_text()
     assert "<img" in html and not re.search(r"(src|href)=\"https?://", html)
     assert (repo / "artifacts" / "tiny" / "pruned" / "50" / "head_pruning.json").exists()
+
+
+def test_budgeted_methods_meet_their_flop_budgets_and_reach_the_benchmark_and_report(repo):
+    reports = repo / "reports" / "tiny"
+    budgeted = pd.read_csv(reports / "budgeted_curve.csv")
+    assert set(budgeted.method) == {"paper", "budgeted-heads", "budgeted", "budgeted-tuned"}
+    # Every method at every level it reaches costs at most its budget; the joint methods reach every level.
+    assert (budgeted.fraction_flops_removed >= budgeted.budget_removed - 1e-9).all()
+    joint = budgeted[budgeted.method.isin(["budgeted", "budgeted-tuned"])]
+    assert sorted(joint.budget_removed.unique()) == [0.0, 0.2, 0.4]
+    assert (joint[joint.budget_removed > 0].neurons_pruned > 0).all()
+    record = (repo / "artifacts" / "tiny" / "pruned" / "budgeted-40" / "head_pruning.json").read_text()
+    assert '"ffn_sites"' in record
+    bench = pd.read_csv(reports / "benchmark_budgeted.csv")
+    assert sorted(bench.budget_removed.unique()) == [0.0, 0.4]
+    prune = yaml.safe_load((reports / "prune.json").read_text())
+    assert prune["budgeted"]["seconds"]["whole_prune@0.4"] > 0
+    report = (reports / "report.md").read_text()
+    assert "Beyond the paper: heads and FFN neurons under a FLOP budget" in report
+    assert "Kwon et al. (2022), reported" in report
 
 
 def test_second_repro_is_a_no_op(repo):

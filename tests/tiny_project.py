@@ -42,6 +42,7 @@ def tiny_params() -> dict:
     params["ablate"].update(n_resamples=100, max_examples=12)  # of 16 test examples
     params["score"].update(max_examples=32, batch_size=16)
     params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=None)
+    params["prune"]["budgeted"].update(levels=[0.2, 0.4], fisher_examples=64, tune_examples=32)
     params["recover"].update(steps=2, batch_size=8)
     params["benchmark"].update(batch_sizes=[1, 2], seq_len=16, repeats=1)
     return params
