@@ -622,13 +622,14 @@ def _section_budgeted(doc: Doc, inp: Inputs) -> None:
         return
     methods = [m for m in BUDGETED_ORDER if m in set(curve["method"])]
     splits = _splits(curve)
-    doc.h(1, "Beyond the paper: heads and FFN neurons under a FLOP budget")
+    cost = _budget_name(inp)
+    doc.h(1, f"Beyond the paper: heads and FFN neurons under a {cost} budget")
     doc.p("The paper prunes heads only, ranks them by |gradient| and never retrains. Kwon et al. (2022) prune "
-          "heads and FFN neurons jointly under a FLOP budget, also without retraining: choose by Fisher "
-          "importance, rearrange within each layer, then tune the kept units' scales by least squares. Here each "
-          "method removes the same share of the model's FLOPs; `paper` removes heads in the paper's importance "
-          "order until the model fits. `budgeted-heads` is Fisher on heads only, `budgeted` adds FFN neurons, "
-          "`budgeted-tuned` adds the tuning.")
+          "heads and FFN neurons jointly under a FLOP or latency budget, also without retraining: choose by "
+          "Fisher importance, rearrange within each layer, then tune the kept units' scales by least squares. "
+          f"Here each method removes the same share of the model's {cost}; `paper` removes heads in the paper's "
+          "importance order until the model fits. `budgeted-heads` is Fisher on heads only, `budgeted` adds FFN "
+          "neurons, `budgeted-tuned` adds the tuning.")
     fig, axes = plt.subplots(1, len(splits), figsize=(6.0 * len(splits), 4.3), squeeze=False, sharey=True,
                              layout="constrained")
     for ax, split in zip(axes[0], splits, strict=True):
@@ -640,16 +641,16 @@ def _section_budgeted(doc: Doc, inp: Inputs) -> None:
         if base is not None:
             ax.axhline(base - TOLERANCE, color="0.6", lw=0.8, ls=":", label=f"unpruned - {TOLERANCE:g} {inp.point}")
         ax.set_title(f"{split} split")
-        ax.set_xlabel("FLOPs removed (% of the model's)")
+        ax.set_xlabel(f"{cost} removed (% of the model's)")
         ax.set_ylabel(inp.metric_label)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="lower left")
-    fig.suptitle("Accuracy at equal FLOPs")
-    doc.figure(fig, "budgeted_flops.png", f"{inp.metric_name} of each method at the same share of FLOPs removed.")
+    fig.suptitle(f"Accuracy at equal {cost}")
+    doc.figure(fig, "budgeted.png", f"{inp.metric_name} of each method at the same share of {cost} removed.")
 
     split = "test" if "test" in splits else splits[-1]
     levels = sorted(set(curve["budget_removed"]) - {0.0})
-    table = {"FLOPs removed": [_pct(lv) for lv in levels]}
+    table = {f"{cost} removed": [_pct(lv) for lv in levels]}
     for method in methods:
         table[method] = [_num(v) if (v := _budgeted_at(curve, split, method, lv)) is not None else "out of reach"
                          for lv in levels]
@@ -683,9 +684,13 @@ def _section_budgeted(doc: Doc, inp: Inputs) -> None:
         "this run (budgeted-tuned)": [
             str((inp.finetune or {}).get("model", "")) + ", " + str((inp.finetune or {}).get("data", "")),
             "heads + FFN neurons", "none",
-            f"{_pct(ours_level)} of FLOPs ({split})" if ours_level is not None else "none of the levels",
+            f"{_pct(ours_level)} of {cost} ({split})" if ours_level is not None else "none of the levels",
             speed or "not measured", f"{whole:.0f} s on this machine's CPU" if whole is not None else "not measured"],
     }))
+
+
+def _budget_name(inp: Inputs) -> str:
+    return "latency" if ((inp.prune or {}).get("budgeted") or {}).get("budget") == "latency" else "FLOPs"
 
 
 def _budgeted_within_tolerance(curve: pd.DataFrame, split: str) -> float | None:
@@ -725,7 +730,8 @@ def _sentence_budgeted_accuracy(inp: Inputs, split: str) -> str | None:
     parts = []
     if at is not None and base is not None:
         ours = _budgeted_at(curve, split, "budgeted-tuned", at)
-        parts.append(f"With {_pct(at)} of FLOPs removed and no retraining, budgeted-tuned scores {_num(ours)} on "
+        parts.append(f"With {_pct(at)} of {_budget_name(inp)} removed and no retraining, budgeted-tuned scores "
+                     f"{_num(ours)} on "
                      f"{split} against {_num(base)} unpruned ({_signed(ours - base)} {inp.points}; Kwon et al. "
                      f"report {KWON['loss']} lost at {_pct(KWON['flops_removed'])} on BERT-base).")
     margins = []
@@ -736,13 +742,14 @@ def _sentence_budgeted_accuracy(inp: Inputs, split: str) -> str | None:
     if margins:
         worst = min(m for _, m in margins)
         verdict = "at least as accurate as" if worst >= 0 else "not always as accurate as"
-        parts.append(f"Against the paper's heads-only order at equal FLOPs it is {verdict} it at every level the "
+        parts.append(f"Against the paper's heads-only order at equal {_budget_name(inp)} it is {verdict} it at "
+                     f"every level the "
                      f"paper's method reaches ({', '.join(f'{_pct(lv)}: {_signed(m)}' for lv, m in margins)}).")
         unreachable = [lv for lv in sorted(set(curve["budget_removed"]) - {0.0})
                        if _budgeted_at(curve, split, "paper", lv) is None]
         if unreachable:
             parts.append(f"Beyond {_pct(margins[-1][0])} pruning every head is not enough: the FFNs hold the rest "
-                         f"of the FLOPs.")
+                         f"of the {_budget_name(inp)}.")
     return " ".join(parts) or None
 
 

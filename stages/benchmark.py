@@ -71,7 +71,8 @@ def main() -> None:
         tables.append((translation if exp.is_translation else classification)(exp, models))
     table = pd.concat(tables, ignore_index=True)
     write_csv(exp.reports / "benchmark.csv", table)
-    levels = exp.params.prune.budgeted.save_levels
+    # A level the budget could not reach (the prune stage logs it) has no model to measure.
+    levels = [lv for lv in exp.params.prune.budgeted.save_levels if exp.budgeted_dir(lv).is_dir()]
     budgeted = pd.DataFrame(columns=["attn_implementation", "batch_size", "budget_removed", "examples_per_s",
                                      "speedup", "ideal_speedup", "params"])
     if levels and not exp.is_translation:

@@ -139,7 +139,10 @@ def budgeted(exp: Experiment, model, order, probe, sweep_evals: dict) -> tuple[p
         first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels)
     for level, pruned in kept.items():
         save_model(pruned, exp.budgeted_dir(level), exp.tokenizer())
-    summary: dict = {"seconds": {"fisher_and_costs": round(setup_seconds, 2), **seconds}}
+    for level in sorted(set(b.save_levels) - set(kept)):
+        log.warning("prune: budgeted-tuned cannot remove %.0f%% of the %s: no model saved at that level",
+                    100 * level, b.budget)
+    summary: dict = {"budget": b.budget, "seconds": {"fisher_and_costs": round(setup_seconds, 2), **seconds}}
     for level in kept:
         # Kwon's headline cost: one whole budgeted prune, from the Fisher pass to the tuned model.
         whole = round(setup_seconds + seconds[f"budgeted-tuned@{level:g}"], 2)

@@ -72,7 +72,7 @@ def test_budgeted_methods_meet_their_flop_budgets_and_reach_the_benchmark_and_re
     prune = yaml.safe_load((reports / "prune.json").read_text())
     assert prune["budgeted"]["seconds"]["whole_prune@0.4"] > 0
     report = (reports / "report.md").read_text()
-    assert "Beyond the paper: heads and FFN neurons under a FLOP budget" in report
+    assert "Beyond the paper: heads and FFN neurons under a FLOPs budget" in report
     assert "Kwon et al. (2022), reported" in report
 
 
@@ -90,12 +90,19 @@ def test_rescoring_gives_byte_identical_importance(repo):
 def test_a_prune_param_reruns_only_prune_and_what_follows(repo):
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["prune"]["step"] = 0.5
+    # The latency budget too: a per-layer latency table measured here, then the same budgeted methods.
+    params["prune"]["budgeted"].update(budget="latency", latency={"batch_size": 2, "seq_len": 16, "repeats": 1})
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     ran = ran_stages(run(["dvc", "repro"], repo))
     # The pruned models at save_fractions are unchanged, so DVC may rightly skip recover and benchmark.
     assert ran[0] == "prune" and ran[-1] == "report" and set(ran) <= {"prune", "recover", "benchmark", "report"}
     curve = pd.read_csv(repo / "reports" / "tiny" / "pruning_curve.csv")
     assert sorted(curve.fraction_pruned.unique()) == [0.0, 0.5]
+    latency = pd.read_csv(repo / "reports" / "tiny" / "plots" / "latency_table.csv")
+    assert set(latency.units) == {"heads", "neurons"} and (latency.seconds > 0).all()
+    # A tiny model's latency is mostly fixed overhead, so levels it cannot reach are left out, not faked.
+    budgeted = pd.read_csv(repo / "reports" / "tiny" / "budgeted_curve.csv")
+    assert set(budgeted.method) >= {"paper", "budgeted"} and 0.0 in set(budgeted.budget_removed)
 
 
 def test_experiments_and_diffs_across_commits(repo):
