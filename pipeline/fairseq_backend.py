@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import datasets
 import numpy as np
 import torch
 from torch import nn
@@ -181,6 +182,27 @@ class FairseqSeq2Seq(nn.Module):
         logits, _extra = self.model(input_ids, not_pad.sum(dim=1), decoder_input_ids, return_all_hiddens=False)
         return Seq2SeqOutput(logits=logits)
 
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, num_beams: int = 1,
+                 do_sample: bool = False, min_new_tokens: int = 0, max_new_tokens: int = 64) -> torch.Tensor:
+        """Hugging Face's `generate` with fairseq's SequenceGenerator, for the decoding benchmark
+        (`pipeline.bench.measure_generation`); returns each sentence's best hypothesis, padded with pad.
+
+        As in Hugging Face, `max_new_tokens` counts the decoder steps: outputs have at most that many tokens,
+        </s> included, and at least `min_new_tokens` (so equal bounds make every model do the same work).
+        """
+        if do_sample:
+            raise ValueError("the fairseq backend decodes by beam search only (do_sample=False)")
+        pad = self.config.pad_token_id
+        if attention_mask is not None and not torch.equal(attention_mask.bool(), input_ids.ne(pad)):
+            raise ValueError("fairseq masks exactly the source's pad tokens; attention_mask disagrees with them")
+        # SequenceGenerator runs max_len_b + 1 steps and forbids </s> before step min_len.
+        generator = SequenceGenerator([self.model], self.tgt_dict, beam_size=num_beams, max_len_a=0,
+                                      max_len_b=max_new_tokens - 1, min_len=max(min_new_tokens - 1, 0))
+        sample = {"net_input": {"src_tokens": input_ids, "src_lengths": input_ids.ne(pad).sum(dim=1)}}
+        best = [hypotheses[0]["tokens"] for hypotheses in generator.generate([self.model], sample)]
+        return data_utils.collate_tokens(best, pad)
+
 
 # --- checkpoints -------------------------------------------------------------------------------------
 
@@ -251,6 +273,10 @@ def load_checkpoint(path: str | Path, data_bin: str | Path | None = None,
     task = tasks.setup_task(cfg.task, from_checkpoint=True)
     if "task_state" in state:
         task.load_state_dict(state["task_state"])
+    with open_dict(cfg.task):
+        # Inferred from the data folder's file names when training left them unset: record them, so that the
+        # split files can be named and a saved checkpoint needs no inference.
+        cfg.task.source_lang, cfg.task.target_lang = task.cfg.source_lang, task.cfg.target_lang
     model = FairseqSeq2Seq(task.build_model(cfg.model, from_checkpoint=True), cfg,
                            task.source_dictionary, task.target_dictionary)
     if PRUNING_KEY in state:
@@ -308,9 +334,70 @@ def labelled_batches(model: FairseqSeq2Seq, sources: Sequence[torch.Tensor], tar
     ]
 
 
-def to_text(model: FairseqSeq2Seq, tokens: torch.Tensor, post_process: str | None = None) -> str:
-    """Target tokens as text, without </s>; `post_process` undoes subwords ("subword_nmt", "sentencepiece")."""
-    return model.tgt_dict.string(tokens, post_process)
+def to_text(model: FairseqSeq2Seq, tokens: torch.Tensor, post_process: str | None = None,
+            escape_unk: bool = False) -> str:
+    """Target tokens as text, without </s>; `post_process` undoes subwords ("subword_nmt", "sentencepiece").
+    `escape_unk` writes <unk> as <<unk>>, as fairseq-generate does for references, so that an unknown word of a
+    reference never matches a hypothesis's <unk>."""
+    return model.tgt_dict.string(tokens, post_process, escape_unk=escape_unk)
+
+
+def save_dictionaries(model: FairseqSeq2Seq, folder: str | Path) -> None:
+    """dict.<source lang>.txt and dict.<target lang>.txt into `folder`, which then serves as `data_bin` for
+    `load_checkpoint` (a fairseq translation task reads only its dictionaries until it loads a split)."""
+    task = model.cfg.task
+    model.src_dict.save(str(Path(folder) / f"dict.{task.source_lang}.txt"))
+    model.tgt_dict.save(str(Path(folder) / f"dict.{task.target_lang}.txt"))
+
+
+def _pairs_of_split(model: FairseqSeq2Seq, data_bin: str | Path, split: str
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    task = model.cfg.task
+    name = f"{split}.{task.source_lang}-{task.target_lang}"
+    if not any(Path(data_bin).glob(f"{name}.{task.source_lang}.*")):
+        return None
+    return read_split(model, split, data_bin)
+
+
+def translation_splits(model: FairseqSeq2Seq, data_bin: str | Path, max_train_pairs: int | None = None,
+                       max_eval_pairs: int | None = None, seed: int = 0, post_process: str | None = None,
+                       ) -> datasets.DatasetDict:
+    """The binarised splits of `data_bin` as the pipeline's translation data: train (if there), dev (fairseq's
+    valid) and test, each with `input_ids` and `labels` (source and target token ids, ending in </s>) and the
+    text of both sides (`post_process` applied; references with <unk> escaped, as fairseq-generate scores them).
+
+    Splits longer than their cap are a seeded random subset, in file order.
+    """
+    task = model.cfg.task
+    out = {}
+    for ours, theirs, cap in (("train", "train", max_train_pairs), ("dev", "valid", max_eval_pairs),
+                              ("test", "test", max_eval_pairs)):
+        pairs = _pairs_of_split(model, data_bin, theirs)
+        if pairs is None:
+            if ours == "train":
+                continue
+            raise FileNotFoundError(
+                f"{data_bin} has no {theirs} split ({theirs}.{task.source_lang}-{task.target_lang}.{task.source_lang}"
+                f".bin/.idx and the same for {task.target_lang}): fairseq-preprocess it with --{theirs}pref")
+        sources, targets = pairs
+        rows = np.arange(len(sources))
+        if cap is not None and cap < len(rows):
+            rows = np.sort(np.random.default_rng(seed).choice(len(rows), cap, replace=False))
+        out[ours] = datasets.Dataset.from_dict({
+            "source": [model.src_dict.string(sources[i], post_process) for i in rows],
+            "target": [to_text(model, targets[i], post_process, escape_unk=True) for i in rows],
+            "input_ids": [sources[i].tolist() for i in rows],
+            "labels": [targets[i].tolist() for i in rows],
+        })
+    return datasets.DatasetDict(out)
+
+
+def describe(model: FairseqSeq2Seq, checkpoint: str | Path) -> str:
+    """One line naming the model, for task.json and the report."""
+    base = model.model
+    attn = base.encoder.layers[0].self_attn
+    return (f"fairseq {getattr(model.cfg.model, 'arch', 'transformer')} {checkpoint} ({len(base.encoder.layers)}+"
+            f"{len(base.decoder.layers)} layers, {attn.num_heads} heads, d_model {attn.embed_dim})")
 
 
 # --- decoding and BLEU -------------------------------------------------------------------------------
