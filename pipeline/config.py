@@ -148,7 +148,7 @@ BACKENDS = ("hf", "fairseq")
 # something the pipeline ignores.
 HF_MODEL_KEYS = ("name_or_path", "attn_implementation", "vocab_size", "d_model", "encoder_layers", "decoder_layers",
                  "heads", "ffn_dim", "dropout")
-FAIRSEQ_MODEL_KEYS = ("checkpoint", "data_bin", "trust_checkpoint", "post_process")
+FAIRSEQ_MODEL_KEYS = ("checkpoint", "data_bin", "trust_checkpoint", "post_process", "detokenize")
 
 
 class TranslationModelParams(Section):
@@ -177,6 +177,9 @@ class TranslationModelParams(Section):
     # How fairseq turns subwords back into words before BLEU (fairseq-generate's --post-process):
     # subword_nmt removes "@@ " (BPE codes from subword-nmt or fastBPE), sentencepiece joins "▁" pieces.
     post_process: Literal["subword_nmt", "sentencepiece", "wordpiece"] | None = None
+    # Then, for BLEU on untokenised text: "moses" runs the Moses detokenizer (sacremoses) on the hypotheses, and on
+    # the references unless data.references gives the raw ones (the paper's scripts scored that way).
+    detokenize: Literal["moses"] | None = None
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> TranslationModelParams:
@@ -212,6 +215,9 @@ class TranslationDataParams(Section):
     max_train_pairs: int | None = Field(None, ge=1)
     max_eval_pairs: int | None = Field(1000, ge=1)  # cap on dev and test: BLEU needs decoding
     max_length: int = Field(64, ge=4, le=1024)
+    # backend fairseq: raw reference files for dev and/or test, one sentence a line in the data_bin split's order
+    # (e.g. newstest2013.fr), scored instead of the binarised targets.
+    references: dict[Literal["dev", "test"], str] = Field(default_factory=dict)
 
 
 class TrainParams(Section):
@@ -279,6 +285,8 @@ class TranslationParams(ExperimentSection):
         """fairseq has one attention implementation (batched matrix products, as eager): the benchmark
         times that one unless told otherwise, and cannot time sdpa."""
         if self.model.backend != "fairseq":
+            if self.data.references:
+                raise ValueError("data.references: only with model.backend fairseq (raw references of a data_bin)")
             return self
         if "attn_implementations" not in self.benchmark.model_fields_set:
             benchmark = self.benchmark.model_copy(update={"attn_implementations": ["eager"]})

@@ -225,9 +225,11 @@ class Experiment:
             from pipeline import fairseq_backend as fb
 
             # fairseq-generate's output length: at most max_len_a * source length + max_len_b tokens.
+            m = self.params.model
             return fb.FairseqTranslationEval([torch.tensor(ids) for ids in data["input_ids"][:]], data["target"][:],
                                              num_beams or t.sweep_num_beams, t.batch_size, max_len_a=0,
-                                             max_len_b=t.max_new_tokens, post_process=self.params.model.post_process)
+                                             max_len_b=t.max_new_tokens, post_process=m.post_process,
+                                             detokenize=fb.detokenizer(m.detokenize, self.task()["target_lang"]))
         return TranslationEval(self.tokenizer(), data["source"][:], data["target"][:],
                                num_beams or t.sweep_num_beams, t.batch_size, t.max_new_tokens)
 

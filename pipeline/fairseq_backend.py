@@ -22,7 +22,7 @@ import copy
 import io
 import logging
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,15 +359,42 @@ def _pairs_of_split(model: FairseqSeq2Seq, data_bin: str | Path, split: str
     return read_split(model, split, data_bin)
 
 
+def detokenizer(kind: str | None, lang: str) -> Callable[[str], str] | None:
+    """What turns a tokenised sentence back into text before BLEU: None, or "moses" (sacremoses, the Moses
+    detokenizer that the paper's scripts ran on fairseq's output before sacrebleu)."""
+    if kind is None:
+        return None
+    if kind != "moses":
+        raise ValueError(f"unknown detokenizer {kind!r}; allowed: moses, or None")
+    from sacremoses import MosesDetokenizer
+
+    moses = MosesDetokenizer(lang=lang)
+    return lambda text: moses.detokenize(text.split())
+
+
+def _read_references(path: str | Path, count: int, split: str) -> list[str]:
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such reference file")
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    if len(lines) != count:
+        raise ValueError(f"{path} has {len(lines)} lines but the {split} split has {count} sentence pairs; the "
+                         f"references must be that split's target side, line for line")
+    return lines
+
+
 def translation_splits(model: FairseqSeq2Seq, data_bin: str | Path, max_train_pairs: int | None = None,
                        max_eval_pairs: int | None = None, seed: int = 0, post_process: str | None = None,
-                       ) -> datasets.DatasetDict:
+                       detokenize: Callable[[str], str] | None = None,
+                       references: Mapping[str, str | Path] | None = None) -> datasets.DatasetDict:
     """The binarised splits of `data_bin` as the pipeline's translation data: train (if there), dev (fairseq's
     valid) and test, each with `input_ids` and `labels` (source and target token ids, ending in </s>) and the
-    text of both sides (`post_process` applied; references with <unk> escaped, as fairseq-generate scores them).
+    text of both sides: `post_process` and `detokenize` applied, references with <unk> escaped, as
+    fairseq-generate scores them. `references` maps "dev"/"test" to a raw text file, one reference a line in
+    the split's order, which replaces that split's target text (BLEU against the untokenised reference).
 
     Splits longer than their cap are a seeded random subset, in file order.
     """
+    references = references or {}
     task = model.cfg.task
     out = {}
     for ours, theirs, cap in (("train", "train", max_train_pairs), ("dev", "valid", max_eval_pairs),
@@ -380,12 +407,19 @@ def translation_splits(model: FairseqSeq2Seq, data_bin: str | Path, max_train_pa
                 f"{data_bin} has no {theirs} split ({theirs}.{task.source_lang}-{task.target_lang}.{task.source_lang}"
                 f".bin/.idx and the same for {task.target_lang}): fairseq-preprocess it with --{theirs}pref")
         sources, targets = pairs
+        if ours in references:
+            raw = _read_references(references[ours], len(targets), theirs)
+            target_text = raw.__getitem__
+        else:
+            def target_text(i: int, targets=targets) -> str:
+                text = to_text(model, targets[i], post_process, escape_unk=True)
+                return detokenize(text) if detokenize else text
         rows = np.arange(len(sources))
         if cap is not None and cap < len(rows):
             rows = np.sort(np.random.default_rng(seed).choice(len(rows), cap, replace=False))
         out[ours] = datasets.Dataset.from_dict({
             "source": [model.src_dict.string(sources[i], post_process) for i in rows],
-            "target": [to_text(model, targets[i], post_process, escape_unk=True) for i in rows],
+            "target": [target_text(int(i)) for i in rows],
             "input_ids": [sources[i].tolist() for i in rows],
             "labels": [targets[i].tolist() for i in rows],
         })
@@ -439,12 +473,13 @@ class FairseqTranslationEval:
     """
 
     def __init__(self, sources: Sequence[torch.Tensor], references: Sequence[str], beam: int = 1,
-                 batch_size: int = 64, max_len_a: float = 1.2, max_len_b: int = 10, post_process: str | None = None):
+                 batch_size: int = 64, max_len_a: float = 1.2, max_len_b: int = 10, post_process: str | None = None,
+                 detokenize: Callable[[str], str] | None = None):
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} sources but {len(references)} references")
         self.sources, self.references = list(sources), list(references)
         self.beam, self.batch_size, self.max_len_a, self.max_len_b = beam, batch_size, max_len_a, max_len_b
-        self.post_process = post_process
+        self.post_process, self.detokenize = post_process, detokenize
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -452,6 +487,8 @@ class FairseqTranslationEval:
     def __call__(self, model: FairseqSeq2Seq) -> tuple[float, list[str]]:
         best = generate(model, self.sources, self.beam, self.batch_size, self.max_len_a, self.max_len_b)
         hypotheses = [to_text(model, hypothesis["tokens"], self.post_process) for hypothesis in best]
+        if self.detokenize is not None:
+            hypotheses = [self.detokenize(h) for h in hypotheses]
         return bleu(hypotheses, self.references)[0], hypotheses
 
     def pvalue(self, outputs: Sequence[str], baseline: Sequence[str], n_resamples: int, seed: int) -> float:

@@ -37,8 +37,10 @@ STAGES = ["prepare", "finetune", "ablate", "score", "prune", "benchmark", "repor
 def tiny_fairseq_params() -> dict:
     params = yaml.safe_load((ROOT / "mt-fairseq" / "params.yaml").read_text())
     params["experiment"] = "tiny-fairseq"
-    params["model"].update(checkpoint="toy/checkpoint_last.pt", data_bin="toy/data-bin", post_process=None)
-    params["data"].update(max_train_pairs=200, max_eval_pairs=40)
+    params["model"].update(checkpoint="toy/checkpoint_last.pt", data_bin="toy/data-bin", post_process=None,
+                           detokenize="moses")
+    # Raw references for test (the toy corpus's own target file); dev scores the binarised targets.
+    params["data"].update(max_train_pairs=200, max_eval_pairs=40, references={"test": "toy/test.tgt"})
     params["translate"].update(num_beams=2, batch_size=32, max_new_tokens=12)
     params["ablate"].update(split="test", max_examples=20, n_resamples=100)
     params["score"].update(split="train", max_examples=32, batch_size=16)
@@ -60,6 +62,7 @@ def repo(tmp_path_factory, fairseq_toy_checkpoint) -> Path:
     (root / "toy").mkdir()
     shutil.copy(fairseq_toy_checkpoint, root / "toy" / "checkpoint_last.pt")
     shutil.copytree(fairseq_toy_checkpoint.parents[1] / "data-bin", root / "toy" / "data-bin")
+    shutil.copy(fairseq_toy_checkpoint.parents[1] / "test.tgt", root / "toy" / "test.tgt")
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
     shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
@@ -83,6 +86,21 @@ def test_the_checkpoint_is_evaluated_not_trained_with_sacrebleu(repo):
     task = json.loads((repo / "artifacts" / "tiny-fairseq" / "data" / "task.json").read_text())
     assert task["sizes"] == {"train": 200, "dev": 20, "test": 40}  # valid has 20 pairs; the others are capped
     print(f"tiny fairseq model, beam 2: BLEU dev {finetune['dev']:.2f}, test {finetune['test']:.2f}")
+
+
+def test_references_are_the_raw_file_or_the_detokenised_binarised_targets(repo, exp):
+    raw = (repo / "toy" / "test.tgt").read_text().splitlines()
+    test, dev = exp.split("test"), exp.split("dev")
+    assert set(test["target"]) <= set(raw) and len(test) == 40
+    model = exp.load(exp.base_model_dir)
+    assert dev["target"][:] == [fb.to_text(model, torch.tensor(ids)) for ids in dev["labels"][:]]
+    with pytest.raises(ValueError, match=r"test.tgt has 100 lines but the valid split has 20 sentence pairs"):
+        fb.translation_splits(model, "toy/data-bin", references={"dev": "toy/test.tgt"})
+
+
+def test_moses_detokenisation_joins_what_the_tokenizer_split():
+    assert fb.detokenizer("moses", "fr")("C' est la vie , non ?") == "C'est la vie, non ?"
+    assert fb.detokenizer(None, "fr") is None
 
 
 def test_the_tables_have_the_columns_of_the_marian_path(repo):
