@@ -141,7 +141,9 @@ class Experiment:
     def load(self, path: Path) -> torch.nn.Module:
         """A model folder written by `save` (or prepare's base model)."""
         if self.is_fairseq:
-            return self._fairseq_checkpoint(path / FAIRSEQ_CHECKPOINT, data_bin=path)
+            # On the GPU when there is one: the paper's WMT model decodes thousands of sentences per evaluation.
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            return self._fairseq_checkpoint(path / FAIRSEQ_CHECKPOINT, data_bin=path).to(device)
         return load_model(path, attn_implementation=self.params.model.attn_implementation)
 
     def save(self, model: torch.nn.Module, path: Path) -> Path:

@@ -172,6 +172,12 @@ class FairseqSeq2Seq(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, decoder_input_ids: torch.Tensor | None = None) -> Seq2SeqOutput:
         pad, eos = self.config.pad_token_id, self.config.eos_token_id
+        # Inputs go where the model is (a GPU when Experiment.load put it there), as Hugging Face models expect.
+        device = next(self.parameters()).device
+        input_ids = input_ids.to(device)
+        labels = labels.to(device) if labels is not None else None
+        decoder_input_ids = decoder_input_ids.to(device) if decoder_input_ids is not None else None
+        attention_mask = attention_mask.to(device) if attention_mask is not None else None
         not_pad = input_ids.ne(pad)
         if attention_mask is not None and not torch.equal(attention_mask.bool(), not_pad):
             raise ValueError("fairseq masks exactly the source's pad tokens; attention_mask disagrees with them")
@@ -194,12 +200,14 @@ class FairseqSeq2Seq(nn.Module):
         if do_sample:
             raise ValueError("the fairseq backend decodes by beam search only (do_sample=False)")
         pad = self.config.pad_token_id
-        if attention_mask is not None and not torch.equal(attention_mask.bool(), input_ids.ne(pad)):
+        input_ids = input_ids.to(next(self.parameters()).device)
+        not_pad = input_ids.ne(pad)
+        if attention_mask is not None and not torch.equal(attention_mask.bool().to(not_pad.device), not_pad):
             raise ValueError("fairseq masks exactly the source's pad tokens; attention_mask disagrees with them")
         # SequenceGenerator runs max_len_b + 1 steps and forbids </s> before step min_len.
         generator = SequenceGenerator([self.model], self.tgt_dict, beam_size=num_beams, max_len_a=0,
                                       max_len_b=max_new_tokens - 1, min_len=max(min_new_tokens - 1, 0))
-        sample = {"net_input": {"src_tokens": input_ids, "src_lengths": input_ids.ne(pad).sum(dim=1)}}
+        sample = {"net_input": {"src_tokens": input_ids, "src_lengths": not_pad.sum(dim=1)}}
         best = [hypotheses[0]["tokens"] for hypotheses in generator.generate([self.model], sample)]
         return data_utils.collate_tokens(best, pad)
 
