@@ -5,16 +5,23 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
+# fairseq 0.12.2 does not import on Python 3.11; this maintained fork does (pipeline/fairseq_backend.py).
+FAIRSEQ ?= fairseq-fixed==0.12.3.1
 
 .PHONY: setup test repro repro-mt lint
 
 setup: $(VENV)/.installed
 
+# The last line installs fairseq itself, after its runtime deps (the `fairseq` extra). --no-deps: its
+# metadata requires torchaudio, which would replace the torch above with a CUDA build.
+# --no-build-isolation: its C++/Cython extension compiles against that torch and the extra's Cython
+# (about 3 minutes; uv caches the wheel). uv skips it when that version is already installed.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_CPU)"
 	$(PY) -m pip install -q "uv>=0.5"
-	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[dev]"
+	$(VENV)/bin/uv pip install -q --python $(PY) -e ".[dev,fairseq]"
+	MAX_JOBS=2 $(VENV)/bin/uv pip install -q --python $(PY) --no-deps --no-build-isolation "$(FAIRSEQ)"
 	touch $@
 
 test: setup

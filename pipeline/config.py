@@ -184,7 +184,18 @@ class Params(ExperimentSection):
 # --- machine translation (`task: translation`) -----------------------------------------------------------
 
 
+BACKENDS = ("hf", "fairseq")
+# The keys of each backend: setting one of the other backend's is an error, so that a params file never says
+# something the pipeline ignores.
+HF_MODEL_KEYS = ("name_or_path", "attn_implementation", "vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                 "heads", "ffn_dim", "dropout")
+FAIRSEQ_MODEL_KEYS = ("checkpoint", "data_bin", "trust_checkpoint", "post_process", "detokenize")
+
+
 class TranslationModelParams(Section):
+    # "hf": a Hugging Face Marian/BART model (below). "fairseq": a fairseq Transformer checkpoint (the paper's own
+    # format; needs the `fairseq` extra), which the finetune stage only evaluates.
+    backend: Literal["hf", "fairseq"] = "hf"
     # "scratch": a Marian transformer of the shape below, trained by the finetune stage (the offline
     # default); else a pretrained Marian/BART hub id or local folder (e.g. Helsinki-NLP/opus-mt-en-fr),
     # which the finetune stage only evaluates.
@@ -197,11 +208,39 @@ class TranslationModelParams(Section):
     heads: int = Field(8, ge=1)
     ffn_dim: int = Field(1024, ge=1)
     dropout: float = Field(0.1, ge=0, lt=1)
+    # backend fairseq: the checkpoint file (.pt) written by fairseq-train, and the fairseq-preprocess folder
+    # (dict.<lang>.txt and the binarised valid and test splits, train optionally) whose sentences it translates.
+    checkpoint: str | None = None
+    data_bin: str | None = None
+    # fairseq checkpoints pickle Python objects, and unpickling runs code from the file: true only for files
+    # you trust. It also covers the checkpoints this pipeline writes from it (artifacts/<experiment>/).
+    trust_checkpoint: bool = False
+    # How fairseq turns subwords back into words before BLEU (fairseq-generate's --post-process):
+    # subword_nmt removes "@@ " (BPE codes from subword-nmt or fastBPE), sentencepiece joins "▁" pieces.
+    post_process: Literal["subword_nmt", "sentencepiece", "wordpiece"] | None = None
+    # Then, for BLEU on untokenised text: "moses" runs the Moses detokenizer (sacremoses) on the hypotheses, and on
+    # the references unless data.references gives the raw ones (the paper's scripts scored that way).
+    detokenize: Literal["moses"] | None = None
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> TranslationModelParams:
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        return self
+
+    @model_validator(mode="after")
+    def _keys_of_the_backend(self) -> TranslationModelParams:
+        mine, theirs = ((HF_MODEL_KEYS, FAIRSEQ_MODEL_KEYS) if self.backend == "hf"
+                        else (FAIRSEQ_MODEL_KEYS, HF_MODEL_KEYS))
+        stray = [key for key in theirs if key in self.model_fields_set]
+        if stray:
+            raise ValueError(f"{', '.join(stray)}: not a setting of backend {self.backend}; allowed with it: "
+                             f"backend, {', '.join(mine)}")
+        if self.backend == "fairseq":
+            missing = [key for key in ("checkpoint", "data_bin") if getattr(self, key) is None]
+            if missing:
+                raise ValueError(f"{', '.join(missing)}: required with backend fairseq (checkpoint: a fairseq "
+                                 f"checkpoint .pt; data_bin: its fairseq-preprocess folder)")
         return self
 
 
@@ -217,6 +256,9 @@ class TranslationDataParams(Section):
     max_train_pairs: int | None = Field(None, ge=1)
     max_eval_pairs: int | None = Field(1000, ge=1)  # cap on dev and test: BLEU needs decoding
     max_length: int = Field(64, ge=4, le=1024)
+    # backend fairseq: raw reference files for dev and/or test, one sentence a line in the data_bin split's order
+    # (e.g. newstest2013.fr), scored instead of the binarised targets.
+    references: dict[Literal["dev", "test"], str] = Field(default_factory=dict)
 
 
 class TrainParams(Section):
@@ -288,6 +330,22 @@ class TranslationParams(ExperimentSection):
     prune: TranslationPruneParams = TranslationPruneParams()
     benchmark: TranslationBenchmarkParams = TranslationBenchmarkParams()
 
+    @model_validator(mode="after")
+    def _fairseq_attention_is_eager(self) -> TranslationParams:
+        """fairseq has one attention implementation (batched matrix products, as eager): the benchmark
+        times that one unless told otherwise, and cannot time sdpa."""
+        if self.model.backend != "fairseq":
+            if self.data.references:
+                raise ValueError("data.references: only with model.backend fairseq (raw references of a data_bin)")
+            return self
+        if "attn_implementations" not in self.benchmark.model_fields_set:
+            benchmark = self.benchmark.model_copy(update={"attn_implementations": ["eager"]})
+            object.__setattr__(self, "benchmark", benchmark)  # frozen: set once, while validating
+        elif self.benchmark.attn_implementations != ["eager"]:
+            raise ValueError(f"benchmark.attn_implementations: fairseq models have eager attention only; "
+                             f"allowed: [eager] (got {self.benchmark.attn_implementations})")
+        return self
+
 
 TASKS = {"classification": Params, "translation": TranslationParams}
 
@@ -312,6 +370,10 @@ def _describe(error: ValidationError, root: type[BaseModel]) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown key; allowed here: {', '.join(_allowed_keys(root, e['loc'][:-1]))}")
+        elif e["type"] == "value_error" and isinstance(e.get("input"), dict):
+            # A check across a section's keys: its message names them; the whole section would only be noise.
+            prefix = f"{key}." if e["loc"] else ""
+            lines.append(f"{prefix}{e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(lines)

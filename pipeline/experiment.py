@@ -8,6 +8,12 @@ Layout (DVC outputs):
     artifacts/<experiment>/checkpoints/  training checkpoints by step (finetune; translation)
     reports/<experiment>/                CSV tables, metrics JSON, figures and the report
 Only `prepare` reads the hub or the pinned wheels; every later stage reads these folders.
+
+Translation models come from one of two backends (`model.backend`): Hugging Face (Marian/BART; model
+folders as `save_model` writes them) or fairseq (each model folder holds `checkpoint.pt` and the
+dictionaries; the data folder holds the same columns, with fairseq's token ids). The loaders below
+(`load`, `save`, `translation_eval`, `score_batches`, `generation_inputs`) hide which, so the stages
+run the same code for both.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,14 +31,16 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from pipeline.checkpoint import load_model
+from pipeline.checkpoint import load_model, save_model
 from pipeline.config import Params, ParamsError, TranslationParams, load_params
 from pipeline.evaluation import EvalSet, labelled_batches, make_eval_set
 from pipeline.seq2seq import TranslationEval, collate_pairs
+from pipeline.sources import SCRATCH
 
 log = logging.getLogger("pipeline")
 
 WHEEL_CACHE = Path(".cache") / "wheels"
+FAIRSEQ_CHECKPOINT = "checkpoint.pt"  # the model file in a fairseq model folder, beside its dict.<lang>.txt
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,15 @@ class Experiment:
     @property
     def is_translation(self) -> bool:
         return self.params.task == "translation"
+
+    @property
+    def is_fairseq(self) -> bool:
+        return self.is_translation and self.params.model.backend == "fairseq"
+
+    @property
+    def trains_from_scratch(self) -> bool:
+        """A Marian model that the finetune stage trains; every other translation model is only evaluated."""
+        return self.is_translation and not self.is_fairseq and self.params.model.name_or_path == SCRATCH
 
     # --- paths -------------------------------------------------------------------------------------
     @property
@@ -124,7 +143,54 @@ class Experiment:
             attn_implementation=self.params.model.attn_implementation)
 
     def load(self, path: Path) -> torch.nn.Module:
+        """A model folder written by `save` (or prepare's base model)."""
+        if self.is_fairseq:
+            # On the GPU when there is one: the paper's WMT model decodes thousands of sentences per evaluation.
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            return self._fairseq_checkpoint(path / FAIRSEQ_CHECKPOINT, data_bin=path).to(device)
         return load_model(path, attn_implementation=self.params.model.attn_implementation)
+
+    def save(self, model: torch.nn.Module, path: Path) -> Path:
+        """Write `model` (pruned or not) to the folder `path`, atomically, in its backend's format: a Hugging
+        Face folder with the tokenizer, or a fairseq checkpoint with the dictionaries it needs."""
+        if not self.is_fairseq:
+            return save_model(model, path, self.tokenizer())
+        from pipeline import fairseq_backend as fb
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            fb.save_checkpoint(model, staging / FAIRSEQ_CHECKPOINT)
+            fb.save_dictionaries(model, staging)
+            if path.exists():
+                shutil.rmtree(path)
+            staging.rename(path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return path
+
+    def _fairseq_checkpoint(self, checkpoint: Path, data_bin: Path) -> torch.nn.Module:
+        from pipeline import fairseq_backend as fb
+
+        try:
+            return fb.load_checkpoint(checkpoint, data_bin, trust_checkpoint=self.params.model.trust_checkpoint)
+        except fb.UntrustedCheckpointError as error:
+            raise SystemExit(f"error: model.trust_checkpoint: {error} In {self.params_file}, set "
+                             f"model.trust_checkpoint: true only if you trust {self.params.model.checkpoint} "
+                             f"(it then also covers the checkpoints this pipeline writes from it)") from None
+        except fb.CheckpointError as error:
+            raise SystemExit(f"error: model.checkpoint: {error}") from None
+
+    def source_model(self) -> torch.nn.Module:
+        """The fairseq checkpoint that `model.checkpoint` names, with the dictionaries of `model.data_bin`."""
+        m = self.params.model
+        return self._fairseq_checkpoint(Path(m.checkpoint), Path(m.data_bin))
+
+    @property
+    def pad_token_id(self) -> int:
+        if self.is_fairseq:
+            return self.task()["pad_token_id"]  # of the model's dictionaries, recorded by prepare
+        return self.tokenizer().pad_token_id
 
     def eval_sets(self, splits: tuple[str, ...] = ("dev", "test"), max_examples: int | None = None
                   ) -> dict[str, EvalSet]:
@@ -148,11 +214,11 @@ class Experiment:
         """Labelled batches of a seeded subset of `score.split` (None: all of it); a smaller subset is part of
         a larger one. For translation, source/target pairs whose loss is the token-level NLL."""
         s = self.params.score
-        data = self.splits()[s.split]
+        data = self.split(s.split)
         if max_examples is not None and max_examples < len(data):
             data = data.shuffle(seed=self.params.seed).select(range(max_examples))
         if self.is_translation:
-            pad = self.tokenizer().pad_token_id
+            pad = self.pad_token_id
             ids, labels = data["input_ids"][:], data["labels"][:]
             return [collate_pairs(ids[i : i + s.batch_size], labels[i : i + s.batch_size], pad)
                     for i in range(0, len(ids), s.batch_size)]
@@ -163,8 +229,35 @@ class Experiment:
         """BLEU of `split` (a seeded subset of `max_examples` pairs), decoded with `num_beams`
         (default: translate.sweep_num_beams, greedy, as the ablation and pruning sweeps use)."""
         t = self.params.translate
-        data = self.splits()[split]
+        data = self.split(split)
         if max_examples is not None and max_examples < len(data):
             data = data.shuffle(seed=self.params.seed).select(range(max_examples))
+        if self.is_fairseq:
+            from pipeline import fairseq_backend as fb
+
+            # fairseq-generate's output length: at most max_len_a * source length + max_len_b tokens.
+            m = self.params.model
+            return fb.FairseqTranslationEval([torch.tensor(ids) for ids in data["input_ids"][:]], data["target"][:],
+                                             num_beams or t.sweep_num_beams, t.batch_size, max_len_a=0,
+                                             max_len_b=t.max_new_tokens, post_process=m.post_process,
+                                             detokenize=fb.detokenizer(m.detokenize, self.task()["target_lang"]))
         return TranslationEval(self.tokenizer(), data["source"][:], data["target"][:],
                                num_beams or t.sweep_num_beams, t.batch_size, t.max_new_tokens)
+
+    def split(self, name: str) -> datasets.Dataset:
+        data = self.splits()
+        if name not in data:
+            raise SystemExit(f"error: the data has no {name} split (it has {', '.join(data)}); a fairseq data_bin "
+                             f"needs {name}.<src>-<tgt>.* files, or choose another split in {self.params_file}")
+        return data[name]
+
+    def generation_inputs(self, batch_size: int) -> dict[str, torch.Tensor]:
+        """`batch_size` of the longest test sources, padded: the benchmark's decoding input. Longest first, so
+        every batch size decodes real, comparable sources."""
+        test = self.split("test")
+        if self.is_fairseq:
+            ids = sorted(test["input_ids"][:], key=len, reverse=True)[:batch_size]
+            batch = collate_pairs(ids, ids, self.pad_token_id)
+            return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        sources = sorted(test["source"][:], key=len, reverse=True)[:batch_size]
+        return dict(self.tokenizer()(sources, padding=True, return_tensors="pt"))

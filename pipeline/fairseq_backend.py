@@ -22,21 +22,21 @@ import copy
 import io
 import logging
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import datasets
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.atomic import write_bytes
-from pipeline.checkpoint import pruning_plan, pruning_record
+from pipeline.checkpoint import apply_pruning_record, check_pruned_shapes, pruning_record
 from pipeline.seq2seq import bleu, bleu_paired_pvalue, collate_pairs, decoder_inputs
-from pipeline.sites import UnsupportedModelError, attention_sites
-from pipeline.surgery import prune_heads
+from pipeline.sites import UnsupportedModelError
 
 MODEL_TYPE = "fairseq_transformer"  # the key of this backend's entry in pipeline.sites.FAMILIES
 PRUNING_KEY = "head_pruning"  # where save_checkpoint puts pipeline.checkpoint's pruning record
@@ -171,6 +171,12 @@ class FairseqSeq2Seq(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, decoder_input_ids: torch.Tensor | None = None) -> Seq2SeqOutput:
         pad, eos = self.config.pad_token_id, self.config.eos_token_id
+        # Inputs go where the model is (a GPU when Experiment.load put it there), as Hugging Face models expect.
+        device = next(self.parameters()).device
+        input_ids = input_ids.to(device)
+        labels = labels.to(device) if labels is not None else None
+        decoder_input_ids = decoder_input_ids.to(device) if decoder_input_ids is not None else None
+        attention_mask = attention_mask.to(device) if attention_mask is not None else None
         not_pad = input_ids.ne(pad)
         if attention_mask is not None and not torch.equal(attention_mask.bool(), not_pad):
             raise ValueError("fairseq masks exactly the source's pad tokens; attention_mask disagrees with them")
@@ -180,6 +186,29 @@ class FairseqSeq2Seq(nn.Module):
             decoder_input_ids = decoder_inputs(labels, start_id=eos, pad_id=pad)
         logits, _extra = self.model(input_ids, not_pad.sum(dim=1), decoder_input_ids, return_all_hiddens=False)
         return Seq2SeqOutput(logits=logits)
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, num_beams: int = 1,
+                 do_sample: bool = False, min_new_tokens: int = 0, max_new_tokens: int = 64) -> torch.Tensor:
+        """Hugging Face's `generate` with fairseq's SequenceGenerator, for the decoding benchmark
+        (`pipeline.bench.measure_generation`); returns each sentence's best hypothesis, padded with pad.
+
+        As in Hugging Face, `max_new_tokens` counts the decoder steps: outputs have at most that many tokens,
+        </s> included, and at least `min_new_tokens` (so equal bounds make every model do the same work).
+        """
+        if do_sample:
+            raise ValueError("the fairseq backend decodes by beam search only (do_sample=False)")
+        pad = self.config.pad_token_id
+        input_ids = input_ids.to(next(self.parameters()).device)
+        not_pad = input_ids.ne(pad)
+        if attention_mask is not None and not torch.equal(attention_mask.bool().to(not_pad.device), not_pad):
+            raise ValueError("fairseq masks exactly the source's pad tokens; attention_mask disagrees with them")
+        # SequenceGenerator runs max_len_b + 1 steps and forbids </s> before step min_len.
+        generator = SequenceGenerator([self.model], self.tgt_dict, beam_size=num_beams, max_len_a=0,
+                                      max_len_b=max_new_tokens - 1, min_len=max(min_new_tokens - 1, 0))
+        sample = {"net_input": {"src_tokens": input_ids, "src_lengths": not_pad.sum(dim=1)}}
+        best = [hypotheses[0]["tokens"] for hypotheses in generator.generate([self.model], sample)]
+        return data_utils.collate_tokens(best, pad)
 
 
 # --- checkpoints -------------------------------------------------------------------------------------
@@ -223,18 +252,6 @@ def _upgraded(state: dict, overrides: Mapping[str, str]) -> dict:
     return checkpoint_utils._upgrade_state_dict(state)
 
 
-def _check_pruned_shapes(model: FairseqSeq2Seq, weights: Mapping[str, torch.Tensor], path: Path) -> None:
-    names = {id(param): name for name, param in model.model.named_parameters()}
-    for index, site in enumerate(attention_sites(model)):
-        key = names[id(site.projections[0].weight)]
-        expected = site.num_heads * site.head_dim
-        found = weights[key].shape[0] if key in weights else None
-        if found != expected:
-            raise CorruptCheckpointError(
-                f"{path}: site {index} ({site.name}) records {site.num_heads} heads ({expected} query rows) in "
-                f"'{PRUNING_KEY}', but the weights hold {'no tensor' if found is None else f'{found} rows'} for {key}")
-
-
 def load_checkpoint(path: str | Path, data_bin: str | Path | None = None,
                     trust_checkpoint: bool = False) -> FairseqSeq2Seq:
     """Load a fairseq translation checkpoint, pruned (by `save_checkpoint`) or not, in eval mode.
@@ -251,19 +268,25 @@ def load_checkpoint(path: str | Path, data_bin: str | Path | None = None,
     task = tasks.setup_task(cfg.task, from_checkpoint=True)
     if "task_state" in state:
         task.load_state_dict(state["task_state"])
+    with open_dict(cfg.task):
+        # Inferred from the data folder's file names when training left them unset: record them, so that the
+        # split files can be named and a saved checkpoint needs no inference.
+        cfg.task.source_lang, cfg.task.target_lang = task.cfg.source_lang, task.cfg.target_lang
     model = FairseqSeq2Seq(task.build_model(cfg.model, from_checkpoint=True), cfg,
                            task.source_dictionary, task.target_dictionary)
     if PRUNING_KEY in state:
-        prune_heads(model, pruning_plan(model, state[PRUNING_KEY], path))
-        _check_pruned_shapes(model, state["model"], path)
+        apply_pruning_record(model, state[PRUNING_KEY], path)
+        check_pruned_shapes(model, state["model"], path, root=model.model,
+                            error=CorruptCheckpointError)
     model.model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
     return model.eval()
 
 
 def save_checkpoint(model: FairseqSeq2Seq, path: str | Path) -> Path:
     """Write `model` (pruned or not) as a fairseq checkpoint file, atomically, with the heads each attention
-    site kept under 'head_pruning'. Reload it with `load_checkpoint(path, trust_checkpoint=True)` (it holds the
-    model's fairseq config, pickled like any fairseq checkpoint's). Optimiser state is not kept."""
+    site and the neurons each FFN kept under 'head_pruning'. Reload it with `load_checkpoint(path,
+    trust_checkpoint=True)` (it holds the model's fairseq config, pickled like any fairseq checkpoint's).
+    Optimiser state is not kept."""
     state = {
         "args": None,
         "cfg": OmegaConf.to_container(model.cfg, resolve=True, enum_to_str=True),
@@ -308,9 +331,104 @@ def labelled_batches(model: FairseqSeq2Seq, sources: Sequence[torch.Tensor], tar
     ]
 
 
-def to_text(model: FairseqSeq2Seq, tokens: torch.Tensor, post_process: str | None = None) -> str:
-    """Target tokens as text, without </s>; `post_process` undoes subwords ("subword_nmt", "sentencepiece")."""
-    return model.tgt_dict.string(tokens, post_process)
+def to_text(model: FairseqSeq2Seq, tokens: torch.Tensor, post_process: str | None = None,
+            escape_unk: bool = False) -> str:
+    """Target tokens as text, without </s>; `post_process` undoes subwords ("subword_nmt", "sentencepiece").
+    `escape_unk` writes <unk> as <<unk>>, as fairseq-generate does for references, so that an unknown word of a
+    reference never matches a hypothesis's <unk>."""
+    return model.tgt_dict.string(tokens, post_process, escape_unk=escape_unk)
+
+
+def save_dictionaries(model: FairseqSeq2Seq, folder: str | Path) -> None:
+    """dict.<source lang>.txt and dict.<target lang>.txt into `folder`, which then serves as `data_bin` for
+    `load_checkpoint` (a fairseq translation task reads only its dictionaries until it loads a split)."""
+    task = model.cfg.task
+    model.src_dict.save(str(Path(folder) / f"dict.{task.source_lang}.txt"))
+    model.tgt_dict.save(str(Path(folder) / f"dict.{task.target_lang}.txt"))
+
+
+def _pairs_of_split(model: FairseqSeq2Seq, data_bin: str | Path, split: str
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    task = model.cfg.task
+    name = f"{split}.{task.source_lang}-{task.target_lang}"
+    if not any(Path(data_bin).glob(f"{name}.{task.source_lang}.*")):
+        return None
+    return read_split(model, split, data_bin)
+
+
+def detokenizer(kind: str | None, lang: str) -> Callable[[str], str] | None:
+    """What turns a tokenised sentence back into text before BLEU: None, or "moses" (sacremoses, the Moses
+    detokenizer that the paper's scripts ran on fairseq's output before sacrebleu)."""
+    if kind is None:
+        return None
+    if kind != "moses":
+        raise ValueError(f"unknown detokenizer {kind!r}; allowed: moses, or None")
+    from sacremoses import MosesDetokenizer
+
+    moses = MosesDetokenizer(lang=lang)
+    return lambda text: moses.detokenize(text.split())
+
+
+def _read_references(path: str | Path, count: int, split: str) -> list[str]:
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such reference file")
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    if len(lines) != count:
+        raise ValueError(f"{path} has {len(lines)} lines but the {split} split has {count} sentence pairs; the "
+                         f"references must be that split's target side, line for line")
+    return lines
+
+
+def translation_splits(model: FairseqSeq2Seq, data_bin: str | Path, max_train_pairs: int | None = None,
+                       max_eval_pairs: int | None = None, seed: int = 0, post_process: str | None = None,
+                       detokenize: Callable[[str], str] | None = None,
+                       references: Mapping[str, str | Path] | None = None) -> datasets.DatasetDict:
+    """The binarised splits of `data_bin` as the pipeline's translation data: train (if there), dev (fairseq's
+    valid) and test, each with `input_ids` and `labels` (source and target token ids, ending in </s>) and the
+    text of both sides: `post_process` and `detokenize` applied, references with <unk> escaped, as
+    fairseq-generate scores them. `references` maps "dev"/"test" to a raw text file, one reference a line in
+    the split's order, which replaces that split's target text (BLEU against the untokenised reference).
+
+    Splits longer than their cap are a seeded random subset, in file order.
+    """
+    references = references or {}
+    task = model.cfg.task
+    out = {}
+    for ours, theirs, cap in (("train", "train", max_train_pairs), ("dev", "valid", max_eval_pairs),
+                              ("test", "test", max_eval_pairs)):
+        pairs = _pairs_of_split(model, data_bin, theirs)
+        if pairs is None:
+            if ours == "train":
+                continue
+            raise FileNotFoundError(
+                f"{data_bin} has no {theirs} split ({theirs}.{task.source_lang}-{task.target_lang}.{task.source_lang}"
+                f".bin/.idx and the same for {task.target_lang}): fairseq-preprocess it with --{theirs}pref")
+        sources, targets = pairs
+        if ours in references:
+            raw = _read_references(references[ours], len(targets), theirs)
+            target_text = raw.__getitem__
+        else:
+            def target_text(i: int, targets=targets) -> str:
+                text = to_text(model, targets[i], post_process, escape_unk=True)
+                return detokenize(text) if detokenize else text
+        rows = np.arange(len(sources))
+        if cap is not None and cap < len(rows):
+            rows = np.sort(np.random.default_rng(seed).choice(len(rows), cap, replace=False))
+        out[ours] = datasets.Dataset.from_dict({
+            "source": [model.src_dict.string(sources[i], post_process) for i in rows],
+            "target": [target_text(int(i)) for i in rows],
+            "input_ids": [sources[i].tolist() for i in rows],
+            "labels": [targets[i].tolist() for i in rows],
+        })
+    return datasets.DatasetDict(out)
+
+
+def describe(model: FairseqSeq2Seq, checkpoint: str | Path) -> str:
+    """One line naming the model, for task.json and the report."""
+    base = model.model
+    attn = base.encoder.layers[0].self_attn
+    return (f"fairseq {getattr(model.cfg.model, 'arch', 'transformer')} {checkpoint} ({len(base.encoder.layers)}+"
+            f"{len(base.decoder.layers)} layers, {attn.num_heads} heads, d_model {attn.embed_dim})")
 
 
 # --- decoding and BLEU -------------------------------------------------------------------------------
@@ -352,12 +470,13 @@ class FairseqTranslationEval:
     """
 
     def __init__(self, sources: Sequence[torch.Tensor], references: Sequence[str], beam: int = 1,
-                 batch_size: int = 64, max_len_a: float = 1.2, max_len_b: int = 10, post_process: str | None = None):
+                 batch_size: int = 64, max_len_a: float = 1.2, max_len_b: int = 10, post_process: str | None = None,
+                 detokenize: Callable[[str], str] | None = None):
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} sources but {len(references)} references")
         self.sources, self.references = list(sources), list(references)
         self.beam, self.batch_size, self.max_len_a, self.max_len_b = beam, batch_size, max_len_a, max_len_b
-        self.post_process = post_process
+        self.post_process, self.detokenize = post_process, detokenize
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -365,6 +484,8 @@ class FairseqTranslationEval:
     def __call__(self, model: FairseqSeq2Seq) -> tuple[float, list[str]]:
         best = generate(model, self.sources, self.beam, self.batch_size, self.max_len_a, self.max_len_b)
         hypotheses = [to_text(model, hypothesis["tokens"], self.post_process) for hypothesis in best]
+        if self.detokenize is not None:
+            hypotheses = [self.detokenize(h) for h in hypotheses]
         return bleu(hypotheses, self.references)[0], hypotheses
 
     def pvalue(self, outputs: Sequence[str], baseline: Sequence[str], n_resamples: int, seed: int) -> float:

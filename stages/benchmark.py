@@ -49,13 +49,9 @@ def classification(exp: Experiment, models: dict) -> pd.DataFrame:
 
 def translation(exp: Experiment, models: dict) -> pd.DataFrame:
     b = exp.params.benchmark
-    test, tokenizer = exp.splits()["test"], exp.tokenizer()
-    # The longest test sentences first, so every batch size decodes real, comparable sources.
-    sources = sorted(test["source"][:], key=len, reverse=True)[: max(b.batch_sizes)]
     rows = []
     for batch_size in b.batch_sizes:
-        inputs = tokenizer(sources[:batch_size], padding=True, return_tensors="pt")
-        rows += measure_generation(models, dict(inputs), b.new_tokens, b.repeats)
+        rows += measure_generation(models, exp.generation_inputs(batch_size), b.new_tokens, b.repeats)
     return pd.DataFrame(rows)
 
 

@@ -1,7 +1,7 @@
 """Stage finetune: fine-tune the base model on train; the metric on dev and test.
 
 Translation: train the Marian model from scratch (saving checkpoints for the training-dynamics figure),
-or take a pretrained one as it is; BLEU with beam search on dev and test.
+or take a pretrained one (or a fairseq checkpoint) as it is; BLEU with beam search on dev and test.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pipeline.checkpoint import save_model
 from pipeline.evaluation import evaluate
 from pipeline.experiment import Experiment, log
 from pipeline.seq2seq import TranslationTrainConfig, bleu, new_marian, train_translation
-from pipeline.sources import SCRATCH
 from pipeline.training import TrainConfig, finetune
 
 
@@ -44,25 +43,26 @@ def classification(exp: Experiment) -> None:
 
 def translation(exp: Experiment) -> None:
     p, task = exp.params, exp.task()
-    t, tokenizer = p.finetune, exp.tokenizer()
+    t = p.finetune
     exp.artifacts.mkdir(parents=True, exist_ok=True)
     # Checkpoints go to a staging folder renamed at the end, so a killed run leaves none that a rerun trusts.
     staging = Path(tempfile.mkdtemp(prefix=".checkpoints.", dir=exp.artifacts))
     start = time.perf_counter()
     try:
-        if p.model.name_or_path == SCRATCH:
+        if exp.trains_from_scratch:
+            tokenizer = exp.tokenizer()
             model = new_marian(MarianConfig.from_pretrained(exp.base_model_dir), p.seed)
             model.set_attn_implementation(p.model.attn_implementation)
             config = TranslationTrainConfig(steps=t.steps, max_tokens=t.max_tokens, learning_rate=t.learning_rate,
                                             warmup_steps=t.warmup_steps, schedule=t.schedule,
                                             label_smoothing=t.label_smoothing, seed=p.seed)
             losses = train_translation(model, exp.splits()["train"], tokenizer, config, t.checkpoint_steps,
-                                       lambda step, m: save_model(m, staging / f"step-{step:06d}", tokenizer))
+                                       lambda step, m: exp.save(m, staging / f"step-{step:06d}"))
             final_step = t.steps
-        else:  # a pretrained model is pruned as it is; its only "checkpoint" is itself
+        else:  # a pretrained model (or a fairseq checkpoint) is pruned as it is; its only "checkpoint" is itself
             model, losses, final_step = exp.load(exp.base_model_dir), [], 0
         seconds = time.perf_counter() - start
-        save_model(model, staging / f"step-{final_step:06d}", tokenizer)
+        exp.save(model, staging / f"step-{final_step:06d}")
         if exp.checkpoints_dir.exists():
             shutil.rmtree(exp.checkpoints_dir)
         staging.rename(exp.checkpoints_dir)
@@ -73,7 +73,7 @@ def translation(exp: Experiment) -> None:
         task_eval = exp.translation_eval(split, num_beams=p.translate.num_beams)
         hypotheses = task_eval(model)[1]
         scores[split], signature = bleu(hypotheses, task_eval.references)
-    save_model(model, exp.finetuned_dir, tokenizer)
+    exp.save(model, exp.finetuned_dir)
     write_csv(exp.reports / "training_loss.csv", pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))
     write_json(exp.reports / "finetune.json", {
         "metric": "bleu", **scores, "bleu_signature": signature, "num_beams": p.translate.num_beams,

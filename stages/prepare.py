@@ -92,9 +92,35 @@ def translation(exp: Experiment) -> None:
     log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in tokenized.items()})
 
 
+def fairseq(exp: Experiment) -> None:
+    """A fairseq checkpoint and its fairseq-preprocess folder: the model (with its dictionaries) is the base
+    model, and the binarised splits become the data, token ids as they are."""
+    from pipeline import fairseq_backend as fb
+
+    m, d = exp.params.model, exp.params.data
+    model = exp.source_model()
+    exp.save(model, exp.base_model_dir)
+    source_lang, target_lang = model.cfg.task.source_lang, model.cfg.task.target_lang
+    try:
+        splits = fb.translation_splits(model, m.data_bin, d.max_train_pairs, d.max_eval_pairs, exp.params.seed,
+                                       m.post_process, fb.detokenizer(m.detokenize, target_lang), d.references)
+    except FileNotFoundError as error:
+        raise SystemExit(f"error: model.data_bin: {error}") from None
+    except ValueError as error:
+        raise SystemExit(f"error: data.references: {error}") from None
+    data_name = f"{m.data_bin} ({source_lang}-{target_lang})"
+    save_splits(exp, splits, {"task": "translation", "metric": "bleu", "model": fb.describe(model, m.checkpoint),
+                              "data": data_name, "data_attribution": None, "target_lang": target_lang,
+                              "pad_token_id": model.config.pad_token_id})
+    log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in splits.items()})
+
+
 def main() -> None:
     exp = Experiment.from_cli()
-    translation(exp) if exp.is_translation else classification(exp)
+    if exp.is_fairseq:
+        fairseq(exp)
+    else:
+        translation(exp) if exp.is_translation else classification(exp)
 
 
 if __name__ == "__main__":

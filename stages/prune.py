@@ -18,7 +18,6 @@ from scipy.stats import spearmanr
 from pipeline.atomic import write_csv, write_json
 from pipeline.bench import random_inputs
 from pipeline.budgeted import flop_costs, gate_gradients, latency_costs, latency_table
-from pipeline.checkpoint import save_model
 from pipeline.evaluation import ClassificationEval
 from pipeline.experiment import Experiment, log
 from pipeline.importance import head_importance, normalize_per_layer, random_order, rank_heads, select_heads
@@ -49,7 +48,7 @@ def importance_by_site(model, table: pd.DataFrame) -> list[torch.Tensor]:
 def main() -> None:
     exp = Experiment.from_cli()
     p, pp = exp.params, exp.params.prune
-    model, tokenizer = exp.load(exp.finetuned_dir), exp.tokenizer()
+    model = exp.load(exp.finetuned_dir)
     if exp.is_translation:
         evals = {"test": exp.translation_eval("test", pp.max_examples)}
         probe = {k: v[:8] for k, v in exp.score_batches()[0].items()}
@@ -69,7 +68,7 @@ def main() -> None:
     curves = [evaluator.curve("importance", plans_from_order(order, num_heads, counts, pp.min_heads_per_layer))]
     for fraction in pp.save_fractions:  # for the recover and benchmark stages
         plan = select_heads(order, num_heads, heads_for(fraction, total), pp.min_heads_per_layer)
-        save_model(pruned_copy(model, plan), exp.pruned_dir(fraction), tokenizer)
+        exp.save(pruned_copy(model, plan), exp.pruned_dir(fraction))
     if pp.reestimate:
         plans = reestimated_plans(model, exp.score_batches(), counts, p.score.normalize_p, pp.min_heads_per_layer)
         curves.append(evaluator.curve("reestimated", plans))
@@ -138,7 +137,7 @@ def budgeted(exp: Experiment, model, order, probe, sweep_evals: dict) -> tuple[p
         model, CurveEvaluator(model, evals, probe), gradients, costs, order, b.levels, b.methods, tune_batches,
         first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels)
     for level, pruned in kept.items():
-        save_model(pruned, exp.budgeted_dir(level), exp.tokenizer())
+        exp.save(pruned, exp.budgeted_dir(level))
     for level in sorted(set(b.save_levels) - set(kept)):
         log.warning("prune: budgeted-tuned cannot remove %.0f%% of the %s: no model saved at that level",
                     100 * level, b.budget)

@@ -1,8 +1,9 @@
-"""Fixtures shared by the flow tests."""
+"""Fixtures shared by several test modules: the flow tests' Prefect home, and the tiny fairseq model."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +20,12 @@ def prefect_home(tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def fairseq_toy_checkpoint(tmp_path_factory) -> Path:
+    """A tiny fairseq Transformer trained with fairseq-train on the toy task (tests/fairseq_toy.py), once per
+    session; its fairseq-preprocess folder is `checkpoint.parents[1] / "data-bin"`. Needs the fairseq extra."""
+    from tests.fairseq_toy import train_toy_model
+
+    return train_toy_model(tmp_path_factory.mktemp("fairseq"))

@@ -58,6 +58,10 @@ def test_the_shipped_params_files_are_valid():
     assert params.task == "classification" and params.prune.step == 0.1 and params.model.name_or_path == "default"
     mt = load_params("mt/params.yaml")
     assert mt.task == "translation" and mt.model.name_or_path == "scratch" and mt.prune.by_kind
+    assert mt.model.backend == "hf"
+    wmt = load_params("mt-fairseq/params.yaml")
+    assert wmt.model.backend == "fairseq" and wmt.model.checkpoint.endswith("model.pt") and wmt.model.trust_checkpoint
+    assert wmt.benchmark.attn_implementations == ["eager"]  # fairseq's only attention, unless told otherwise
 
 
 @pytest.mark.parametrize(
@@ -74,6 +78,24 @@ def test_the_shipped_params_files_are_valid():
         ({"task": "translation", "model": {"d_model": 100, "heads": 8}}, r"must be divisible by heads"),
         ({"task": "translation", "finetune": {"steps": 100, "checkpoint_steps": [100]}},
          r"checkpoint_steps: \[100\] must lie strictly between 0 and steps=100"),
+        ({"task": "translation", "model": {"backend": "fairseqq"}},
+         r"model.backend: Input should be 'hf' or 'fairseq' \(got 'fairseqq'\)"),
+        ({"task": "translation", "model": {"backend": "fairseq", "data_bin": "d"}},
+         r"model.checkpoint: required with backend fairseq"),
+        ({"task": "translation", "model": {"backend": "fairseq", "checkpoint": "m.pt", "data_bin": "d", "d_model": 64}},
+         r"model.d_model: not a setting of backend fairseq; allowed with it: backend, checkpoint, data_bin, "
+         r"trust_checkpoint, post_process, detokenize$"),
+        ({"task": "translation", "model": {"checkpoint": "m.pt"}},
+         r"model.checkpoint: not a setting of backend hf; allowed with it: backend, name_or_path"),
+        ({"task": "translation", "model": {"backend": "fairseq", "checkpoint": "m.pt", "data_bin": "d",
+                                           "post_process": "bpe"}},
+         r"model.post_process: Input should be 'subword_nmt', 'sentencepiece' or 'wordpiece'"),
+        ({"task": "translation", "model": {"backend": "fairseq", "checkpoint": "m.pt", "data_bin": "d"},
+          "benchmark": {"attn_implementations": ["sdpa"]}},
+         r"^invalid params: benchmark.attn_implementations: fairseq models have eager attention only; allowed: "
+         r"\[eager\]"),
+        ({"task": "translation", "data": {"references": {"test": "ref.txt"}}},
+         r"data.references: only with model.backend fairseq"),
     ],
 )
 def test_bad_params_fail_in_one_line_naming_the_key(raw, message):

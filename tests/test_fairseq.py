@@ -2,7 +2,8 @@
 
 A tiny Transformer (embed 32, 2+2 layers, 4 heads, FFN 64) is trained with the `fairseq-preprocess` and
 `fairseq-train` command-line tools on a generated toy translation task (reverse the sentence and map each
-word to its target word), then loaded with `load_checkpoint`. The core's sites, gates, importance, physical
+word to its target word; tests/fairseq_toy.py, trained once per session by conftest.py), then loaded with
+`load_checkpoint`. The core's sites, gates, importance, physical
 pruning and pruning curves must work on it for all three kinds of attention, and pruned checkpoints must
 round-trip. Needs the `fairseq` extra; CI installs it, so there these tests always run.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -37,48 +37,14 @@ from pipeline.pruning import CurveEvaluator, plans_from_order  # noqa: E402
 from pipeline.sites import attention_sites  # noqa: E402
 from pipeline.surgery import prune_heads  # noqa: E402
 
-WORDS = 24
-SPLITS = {"train": 800, "valid": 20, "test": 100}
 # Every kind touched, with different counts per site, and one site of each kind emptied.
 PLAN = {0: [1, 2], 1: [0, 1, 2, 3], 2: [0, 1, 2, 3], 3: [3], 4: [1], 5: [0, 1, 2, 3]}
 
 
-def toy_pairs(count: int, rng: random.Random) -> list[tuple[str, str]]:
-    pairs = []
-    for _ in range(count):
-        words = [rng.randrange(WORDS) for _ in range(rng.randint(3, 8))]
-        pairs.append((" ".join(f"s{w}" for w in words), " ".join(f"t{w}" for w in reversed(words))))
-    return pairs
-
-
-def fairseq_cli(tool: str, *args: str, cwd: Path) -> None:
-    # The console scripts installed beside this interpreter, so a venv need not be on PATH.
-    command = [str(Path(sys.executable).parent / tool), *args]
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
-    assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-
-
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """The checkpoint of a tiny fairseq Transformer trained on the toy task; returns its path."""
-    work = tmp_path_factory.mktemp("fairseq")
-    rng = random.Random(0)
-    for split, count in SPLITS.items():
-        pairs = toy_pairs(count, rng)
-        (work / f"{split}.src").write_text("".join(f"{s}\n" for s, _ in pairs))
-        (work / f"{split}.tgt").write_text("".join(f"{t}\n" for _, t in pairs))
-    fairseq_cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", "train",
-                "--validpref", "valid", "--testpref", "test", "--destdir", "data-bin", "--joined-dictionary",
-                "--workers", "1", cwd=work)
-    fairseq_cli("fairseq-train", str(work / "data-bin"), "--arch", "transformer", "--share-all-embeddings",
-                "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",
-                "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-                "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--dropout", "0.0",
-                "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005", "--lr-scheduler",
-                "inverse_sqrt", "--warmup-updates", "50", "--criterion", "cross_entropy", "--max-tokens", "600",
-                "--max-update", "300", "--seed", "1", "--cpu", "--num-workers", "0", "--disable-validation",
-                "--save-dir", "checkpoints", "--no-epoch-checkpoints", "--log-format", "simple", cwd=work)
-    return work / "checkpoints" / "checkpoint_last.pt"
+def trained(fairseq_toy_checkpoint) -> Path:
+    """The checkpoint of a tiny fairseq Transformer trained on the toy task (tests/fairseq_toy.py)."""
+    return fairseq_toy_checkpoint
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.tiny_project import ran_stages, run
+from tests.tiny_project import MT_COLUMNS, ran_stages, run
 
 ROOT = Path(__file__).resolve().parents[1]
 LEXICON = {"the": "el", "cat": "gato", "dog": "perro", "eats": "come", "sees": "ve", "big": "grande",
@@ -130,3 +130,9 @@ def test_a_pretrained_model_is_evaluated_not_trained(repo, tmp_path):
     trained = json.loads((repo / "reports" / "tiny-mt" / "finetune.json").read_text())
     assert ours["train_steps"] == 0 and (ours["dev"], ours["test"]) == (trained["dev"], trained["test"])
     assert [p.name for p in (clone / "artifacts" / "tiny-mt" / "checkpoints").iterdir()] == ["step-000000"]
+
+
+def test_the_tables_have_the_mt_columns(repo):
+    """The fairseq backend writes the same columns (tests/test_fairseq_e2e.py)."""
+    for name, columns in MT_COLUMNS.items():
+        assert pd.read_csv(repo / "reports" / "tiny-mt" / name).columns.tolist() == columns, name

@@ -17,6 +17,17 @@ import yaml
 
 STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
 ROOT = Path(__file__).resolve().parents[1]
+# The columns of the MT experiment's tables, whichever backend (tests/test_translation_e2e.py checks the
+# Marian path, tests/test_fairseq_e2e.py the fairseq path).
+MT_COLUMNS = {
+    "ablation.csv": ["kind", "layer", "head", "metric", "delta", "p_value", "examples"],
+    "one_head.csv": ["kind", "layer", "best_head", "metric", "delta"],
+    "importance.csv": ["kind", "layer", "head", "importance", "importance_raw"],
+    "pruning_curve.csv": ["method", "split", "fraction_pruned", "heads_pruned", "metric", "fraction_flops_removed",
+                          "examples", "metric_std"],
+    "benchmark.csv": ["attn_implementation", "batch_size", "fraction_pruned", "examples_per_s", "tokens_per_s",
+                      "speedup", "ideal_speedup", "params"],
+}
 WORDS = "good great fine fun superb moving bad awful dull boring weak poor the a film movie plot cast is was".split()
 
 
