@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.tiny_project import make_tiny_project, ran_stages, run
+from tests.tiny_project import make_tiny_project, ran_stages, run, tiny_params, with_budgeted
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    root = make_tiny_project(tmp_path_factory.mktemp("repo"))
+    root = make_tiny_project(tmp_path_factory.mktemp("repo"), params=with_budgeted(tiny_params()))
     first = run(["dvc", "repro"], root)
     assert ran_stages(first) == ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
     return root

@@ -53,7 +53,9 @@ def tiny_params() -> dict:
     params["ablate"].update(n_resamples=100, max_examples=12)  # of 16 test examples
     params["score"].update(max_examples=32, batch_size=16)
     params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=None)
-    params["prune"]["budgeted"].update(levels=[0.2, 0.4], fisher_examples=64, tune_examples=32)
+    # Off here: the projects of the flow tests exercise DVC and Prefect, not the method; test_pipeline_e2e turns
+    # it on (with_budgeted) for the pipeline's own repository.
+    params["prune"]["budgeted"].update(methods=[], save_levels=[])
     params["recover"].update(steps=2, batch_size=8)
     params["benchmark"].update(batch_sizes=[1, 2], seq_len=16, repeats=1)
     return params
@@ -75,14 +77,21 @@ def write_tiny_assets(root: Path) -> None:
     pd.DataFrame(rows).to_csv(root / "data.csv", index=False)
 
 
-def make_tiny_project(root: Path, extra_files: tuple[str, ...] = ()) -> Path:
-    """A git + DVC repository at `root` with the tiny params; nothing reproduced yet."""
+def with_budgeted(params: dict) -> dict:
+    """`params` with the budgeted pruning methods on, at two levels on small samples."""
+    params["prune"]["budgeted"].update(methods=["budgeted-heads", "budgeted", "budgeted-tuned"], levels=[0.2, 0.4],
+                                       save_levels=[0.4], fisher_examples=64, tune_examples=32)
+    return params
+
+
+def make_tiny_project(root: Path, extra_files: tuple[str, ...] = (), params: dict | None = None) -> Path:
+    """A git + DVC repository at `root` with `params` (default: the tiny params); nothing reproduced yet."""
     for package in ("pipeline", "stages"):
         shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".gitignore", ".dvcignore", *extra_files):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, root / name)
-    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False))
+    (root / "params.yaml").write_text(yaml.safe_dump(params or tiny_params(), sort_keys=False))
     write_tiny_assets(root)
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q", "-f"], root)
