@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -31,3 +35,24 @@ def write_json(path: str | Path, obj) -> Path:
 
 def write_csv(path: str | Path, frame: pd.DataFrame) -> Path:
     return write_text(path, frame.to_csv(index=False))
+
+
+@contextmanager
+def staged_dir(path: str | Path) -> Iterator[Path]:
+    """Yield an empty staging folder beside `path`; when the block succeeds it replaces `path` (a folder), so a
+    killed write leaves the previous folder (or none), never a half-written one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield staging
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(staging, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -12,10 +12,7 @@ names the site instead of a tensor.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import transformers
 from safetensors.torch import load_file
 from torch import nn
 
+from pipeline.atomic import staged_dir
 from pipeline.sites import attention_sites, ffn_sites
 from pipeline.surgery import prune_heads, prune_neurons
 
@@ -156,30 +154,12 @@ def check_pruned_shapes(model: nn.Module, weights: Mapping[str, torch.Tensor], s
 def save_model(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
     """Write `model` (pruned or not) and optionally its tokenizer to the folder `path`, atomically:
     a killed save leaves the previous folder (or none), never a half-written one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staged_dir(path) as staging:
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         (staging / PRUNING_FILE).write_text(json.dumps(pruning_record(model), indent=1) + "\n")
-        _replace_dir(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return path
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    if target.exists():
-        old = target.with_name(f".{target.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-        os.replace(new, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(new, target)
+    return Path(path)
 
 
 def _model_class(config: transformers.PretrainedConfig) -> type:

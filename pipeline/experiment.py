@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +29,7 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from pipeline.atomic import staged_dir
 from pipeline.checkpoint import load_model, save_model
 from pipeline.config import Params, ParamsError, TranslationParams, load_params
 from pipeline.evaluation import EvalSet, labelled_batches, make_eval_set
@@ -157,16 +156,9 @@ class Experiment:
             return save_model(model, path, self.tokenizer())
         from pipeline import fairseq_backend as fb
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
+        with staged_dir(path) as staging:
             fb.save_checkpoint(model, staging / FAIRSEQ_CHECKPOINT)
             fb.save_dictionaries(model, staging)
-            if path.exists():
-                shutil.rmtree(path)
-            staging.rename(path)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         return path
 
     def _fairseq_checkpoint(self, checkpoint: Path, data_bin: Path) -> torch.nn.Module:
