@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.atomic import write_csv
-from pipeline.bench import forward_memory_mb, measure_generation, measure_throughput
-from pipeline.experiment import Experiment, log
+from pipeline.files.atomic import write_csv
+from pipeline.methods.bench import forward_memory_mb, measure_generation, measure_throughput
+from pipeline.run.experiment import Experiment, log
 
 
 def classification_inputs(exp: Experiment) -> dict:

@@ -14,12 +14,12 @@ from pathlib import Path
 import pandas as pd
 from transformers import MarianConfig
 
-from pipeline.atomic import write_csv, write_json
-from pipeline.checkpoint import save_model
-from pipeline.evaluation import evaluate
-from pipeline.experiment import Experiment, log
-from pipeline.seq2seq import TranslationTrainConfig, bleu, new_marian, train_translation
-from pipeline.training import TrainConfig, finetune
+from pipeline.files.atomic import write_csv, write_json
+from pipeline.core.checkpoint import save_model
+from pipeline.tasks.evaluation import evaluate
+from pipeline.run.experiment import Experiment, log
+from pipeline.mt.seq2seq import TranslationTrainConfig, bleu, new_marian, train_translation
+from pipeline.training.classification import TrainConfig, finetune
 
 
 def classification(exp: Experiment) -> None:

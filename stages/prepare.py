@@ -13,13 +13,13 @@ from pathlib import Path
 
 import datasets
 
-from pipeline.assets import MT_DATA, fetch_asset
-from pipeline.atomic import write_json
-from pipeline.config import DEFAULT
-from pipeline.data import load_task, tokenize_splits
-from pipeline.experiment import WHEEL_CACHE, Experiment, log
-from pipeline.seq2seq import marian_config
-from pipeline.sources import (
+from pipeline.tasks.assets import MT_DATA, fetch_asset
+from pipeline.files.atomic import write_json
+from pipeline.config.params import DEFAULT
+from pipeline.tasks.classification import load_task, tokenize_splits
+from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
+from pipeline.mt.seq2seq import marian_config
+from pipeline.tasks.sources import (
     DEFAULT_MODEL_NAME,
     MT_DATA_ATTRIBUTION,
     MT_DATA_NAME,
@@ -27,8 +27,8 @@ from pipeline.sources import (
     materialize_model,
     task_spec,
 )
-from pipeline.subword import train_tokenizer
-from pipeline.translation_data import load_translation_task, tokenize_pairs
+from pipeline.tasks.subword import train_tokenizer
+from pipeline.tasks.translation import load_translation_task, tokenize_pairs
 
 
 def save_splits(exp: Experiment, splits: datasets.DatasetDict, task: dict) -> None:
@@ -95,7 +95,7 @@ def translation(exp: Experiment) -> None:
 def fairseq(exp: Experiment) -> None:
     """A fairseq checkpoint and its fairseq-preprocess folder: the model (with its dictionaries) is the base
     model, and the binarised splits become the data, token ids as they are."""
-    from pipeline import fairseq_backend as fb
+    from pipeline.backends import fairseq as fb
 
     m, d = exp.params.model, exp.params.data
     model = exp.source_model()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.atomic import write_csv
-from pipeline.evaluation import evaluate
-from pipeline.experiment import Experiment, log
-from pipeline.training import TrainConfig, finetune
+from pipeline.files.atomic import write_csv
+from pipeline.tasks.evaluation import evaluate
+from pipeline.run.experiment import Experiment, log
+from pipeline.training.classification import TrainConfig, finetune
 
 
 def main() -> None:

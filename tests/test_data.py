@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from transformers import BertTokenizerFast
 
-from pipeline import data
-from pipeline.data import (
+from pipeline.tasks import classification as data
+from pipeline.tasks.classification import (
     TaskInfo,
     TaskSpec,
     load_rotten_tomatoes_snippets,

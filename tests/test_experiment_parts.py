@@ -9,14 +9,14 @@ import pytest
 import torch
 from datasets import Dataset
 
-from pipeline.ablation import ablation_tables, record_block_outputs, replay_blocks_below
-from pipeline.bench import forward_memory_mb
-from pipeline.config import ParamsError, load_params, parse_params
-from pipeline.evaluation import ClassificationEval, make_eval_set, predict
-from pipeline.gates import head_gates
-from pipeline.importance import random_order
-from pipeline.metrics import compute_metric
-from pipeline.pruning import (
+from pipeline.methods.ablation import ablation_tables, record_block_outputs, replay_blocks_below
+from pipeline.methods.bench import forward_memory_mb
+from pipeline.config.params import ParamsError, load_params, parse_params
+from pipeline.tasks.evaluation import ClassificationEval, make_eval_set, predict
+from pipeline.core.gates import head_gates
+from pipeline.core.importance import random_order
+from pipeline.tasks.metrics import compute_metric
+from pipeline.methods.pruning import (
     CurveEvaluator,
     mean_over_seeds,
     plans_from_order,
@@ -24,7 +24,7 @@ from pipeline.pruning import (
     pruning_levels,
     reestimated_plans,
 )
-from pipeline.sites import layer_stack
+from pipeline.core.sites import layer_stack
 from tests.tiny_models import tiny_model
 
 

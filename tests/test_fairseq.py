@@ -29,13 +29,13 @@ if importlib.util.find_spec("fairseq") is None:
         raise ImportError("CI must install the fairseq extra (make setup) so that tests/test_fairseq.py runs")
     pytest.skip("the fairseq extra is not installed", allow_module_level=True)
 
-from pipeline import fairseq_backend as fb  # noqa: E402
-from pipeline.flops import parameter_count  # noqa: E402
-from pipeline.gates import head_gates  # noqa: E402
-from pipeline.importance import head_importance, per_example_loss, rank_heads  # noqa: E402
-from pipeline.pruning import CurveEvaluator, plans_from_order  # noqa: E402
-from pipeline.sites import attention_sites  # noqa: E402
-from pipeline.surgery import prune_heads  # noqa: E402
+from pipeline.backends import fairseq as fb  # noqa: E402
+from pipeline.core.flops import parameter_count  # noqa: E402
+from pipeline.core.gates import head_gates  # noqa: E402
+from pipeline.core.importance import head_importance, per_example_loss, rank_heads  # noqa: E402
+from pipeline.methods.pruning import CurveEvaluator, plans_from_order  # noqa: E402
+from pipeline.core.sites import attention_sites  # noqa: E402
+from pipeline.core.surgery import prune_heads  # noqa: E402
 
 # Every kind touched, with different counts per site, and one site of each kind emptied.
 PLAN = {0: [1, 2], 1: [0, 1, 2, 3], 2: [0, 1, 2, 3], 3: [3], 4: [1], 5: [0, 1, 2, 3]}
@@ -202,7 +202,7 @@ def test_a_truncated_or_garbage_checkpoint_is_reported_as_corrupt(trained, tmp_p
 
 def test_importing_the_backend_leaves_other_libraries_logging_alone():
     code = ("import logging; other = logging.getLogger('other'); "
-            "import pipeline.fairseq_backend; "
+            "import pipeline.backends.fairseq; "
             "assert logging.getLogger().level == logging.WARNING and not logging.getLogger().handlers; "
             "assert other.getEffectiveLevel() == logging.WARNING")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -12,18 +12,18 @@ import pytest
 import torch
 import transformers
 
-from pipeline.checkpoint import (
+from pipeline.core.checkpoint import (
     PRUNING_FILE,
     apply_pruning_record,
     load_model,
     pruning_record,
     save_model,
 )
-from pipeline.flops import forward_flops, parameter_count
-from pipeline.gates import HeadGates, head_gates, neuron_gates
-from pipeline.importance import per_example_loss
-from pipeline.sites import UnsupportedModelError, attention_sites, ffn_sites
-from pipeline.surgery import prune_heads, prune_neurons
+from pipeline.core.flops import forward_flops, parameter_count
+from pipeline.core.gates import HeadGates, head_gates, neuron_gates
+from pipeline.core.importance import per_example_loss
+from pipeline.core.sites import UnsupportedModelError, attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads, prune_neurons
 from tests.tiny_models import (
     FAMILIES,
     FAMILY_IMPLS,

@@ -8,10 +8,10 @@ import pytest
 import torch
 import transformers
 
-from pipeline.checkpoint import PRUNING_FILE, load_model, save_model
-from pipeline.flops import forward_flops, parameter_count
-from pipeline.gates import head_gates
-from pipeline.importance import (
+from pipeline.core.checkpoint import PRUNING_FILE, load_model, save_model
+from pipeline.core.flops import forward_flops, parameter_count
+from pipeline.core.gates import head_gates
+from pipeline.core.importance import (
     head_importance,
     normalize_per_layer,
     per_example_loss,
@@ -19,8 +19,8 @@ from pipeline.importance import (
     rank_heads,
     select_heads,
 )
-from pipeline.sites import UnsupportedModelError, attention_sites
-from pipeline.surgery import prune_heads
+from pipeline.core.sites import UnsupportedModelError, attention_sites
+from pipeline.core.surgery import prune_heads
 from tests.tiny_models import (
     FAMILIES,
     FAMILY_IMPLS,

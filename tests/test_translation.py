@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline import translation_data
-from pipeline.seq2seq import (
+from pipeline.tasks import translation as translation_data
+from pipeline.mt.seq2seq import (
     TranslationTrainConfig,
     bleu,
     bleu_paired_pvalue,
@@ -23,8 +23,8 @@ from pipeline.seq2seq import (
     train_translation,
     translate,
 )
-from pipeline.subword import train_tokenizer
-from pipeline.translation_data import load_tatoeba_pairs, load_translation_task, split_by_source, tokenize_pairs
+from pipeline.tasks.subword import train_tokenizer
+from pipeline.tasks.translation import load_tatoeba_pairs, load_translation_task, split_by_source, tokenize_pairs
 
 ATTRIBUTION = "CC-BY 2.0 (France) Attribution: tatoeba.org #{} (CM) & #{} (x)"
 

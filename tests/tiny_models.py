@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from pipeline.sites import attention_sites
+from pipeline.core.sites import attention_sites
 
 VOCAB = 96
 PAD, EOS = 0, 1

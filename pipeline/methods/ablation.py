@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.evaluation import ClassificationEval, EvalSet, TaskEval
-from pipeline.gates import head_gates
-from pipeline.sites import attention_sites, layer_stack
+from pipeline.tasks.evaluation import ClassificationEval, EvalSet, TaskEval
+from pipeline.core.gates import head_gates
+from pipeline.core.sites import attention_sites, layer_stack
 
 
 class _StopForward(Exception):

@@ -5,8 +5,8 @@ into a `FairseqSeq2Seq`: a thin module that gives fairseq's `TransformerModel` t
 core uses for Hugging Face encoder-decoders (`model(input_ids=..., labels=...).logits`, `model.config`,
 `model.base_model`). Through it the core works unchanged on all three kinds of attention (encoder,
 decoder, cross): `attention_sites`, `head_gates`, `head_importance` (token-level NLL, padding ignored),
-`prune_heads` and the pruning curves of `pipeline.pruning`. Decoding uses fairseq's own
-`SequenceGenerator`; BLEU is sacrebleu's (`pipeline.seq2seq.bleu`).
+`prune_heads` and the pruning curves of `pipeline.methods.pruning`. Decoding uses fairseq's own
+`SequenceGenerator`; BLEU is sacrebleu's (`pipeline.mt.seq2seq.bleu`).
 
 Trust: every fairseq checkpoint pickles Python objects (its config holds an `argparse.Namespace`), and
 unpickling them can run code from the file. torch >= 2.6 refuses that by default, and so does
@@ -33,13 +33,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.atomic import write_bytes
-from pipeline.checkpoint import apply_pruning_record, check_pruned_shapes, pruning_record
-from pipeline.seq2seq import bleu, bleu_paired_pvalue, collate_pairs, decoder_inputs
-from pipeline.sites import UnsupportedModelError
+from pipeline.files.atomic import write_bytes
+from pipeline.core.checkpoint import apply_pruning_record, check_pruned_shapes, pruning_record
+from pipeline.mt.seq2seq import bleu, bleu_paired_pvalue, collate_pairs, decoder_inputs
+from pipeline.core.sites import UnsupportedModelError
 
-MODEL_TYPE = "fairseq_transformer"  # the key of this backend's entry in pipeline.sites.FAMILIES
-PRUNING_KEY = "head_pruning"  # where save_checkpoint puts pipeline.checkpoint's pruning record
+MODEL_TYPE = "fairseq_transformer"  # the key of this backend's entry in pipeline.core.sites.FAMILIES
+PRUNING_KEY = "head_pruning"  # where save_checkpoint puts pipeline.core.checkpoint's pruning record
 
 
 @contextmanager
@@ -136,7 +136,7 @@ class FairseqSeq2Seq(nn.Module):
     """A fairseq TransformerModel with the calling convention of a Hugging Face encoder-decoder.
 
     `forward(input_ids, attention_mask, labels)` teacher-forces `labels` (padded with -100, ending in
-    </s>) and returns `.logits`, as `pipeline.importance.per_example_loss` expects. `input_ids` are fairseq
+    </s>) and returns `.logits`, as `pipeline.core.importance.per_example_loss` expects. `input_ids` are fairseq
     source tokens (ending in </s>), padded with the dictionary's pad token on either side; fairseq derives
     the padding mask from the pad token, so `attention_mask` is only checked against it.
     """
@@ -162,7 +162,7 @@ class FairseqSeq2Seq(nn.Module):
 
     @property
     def base_model(self) -> TransformerModel:
-        return self.model  # where pipeline.sites looks for the layers, as in Hugging Face models
+        return self.model  # where pipeline.core.sites looks for the layers, as in Hugging Face models
 
     def set_attn_implementation(self, implementation: str) -> None:
         if implementation != "eager":
@@ -191,7 +191,7 @@ class FairseqSeq2Seq(nn.Module):
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, num_beams: int = 1,
                  do_sample: bool = False, min_new_tokens: int = 0, max_new_tokens: int = 64) -> torch.Tensor:
         """Hugging Face's `generate` with fairseq's SequenceGenerator, for the decoding benchmark
-        (`pipeline.bench.measure_generation`); returns each sentence's best hypothesis, padded with pad.
+        (`pipeline.methods.bench.measure_generation`); returns each sentence's best hypothesis, padded with pad.
 
         As in Hugging Face, `max_new_tokens` counts the decoder steps: outputs have at most that many tokens,
         </s> included, and at least `min_new_tokens` (so equal bounds make every model do the same work).
@@ -463,7 +463,7 @@ def generate(model: FairseqSeq2Seq, sources: Sequence[torch.Tensor], beam: int =
 
 
 class FairseqTranslationEval:
-    """Scores a model by the corpus BLEU of its translations of one split: `pipeline.seq2seq.TranslationEval`
+    """Scores a model by the corpus BLEU of its translations of one split: `pipeline.mt.seq2seq.TranslationEval`
     for fairseq models (the `TaskEval` the ablation and pruning sweeps call, once per masked or pruned model).
 
     `references` are detokenised text; `post_process` turns hypotheses into the same form.

@@ -76,7 +76,7 @@ class ScoreParams(Section):
     normalize_p: float | None = Field(2.0, gt=0)
 
 
-BUDGETED_METHODS = ("budgeted-heads", "budgeted", "budgeted-tuned")  # pipeline.budgeted.METHODS
+BUDGETED_METHODS = ("budgeted-heads", "budgeted", "budgeted-tuned")  # pipeline.methods.budgeted.METHODS
 
 
 class LatencyProbeParams(Section):

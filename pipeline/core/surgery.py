@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from pipeline.sites import AttentionSite, FeedForwardSite, attention_sites, ffn_sites
+from pipeline.core.sites import AttentionSite, FeedForwardSite, attention_sites, ffn_sites
 
 
 def _keep_rows(linear: nn.Linear, index: torch.Tensor) -> None:

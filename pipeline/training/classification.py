@@ -11,7 +11,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 
-from pipeline.evaluation import training_batches
+from pipeline.tasks.evaluation import training_batches
 
 
 @dataclass(frozen=True)

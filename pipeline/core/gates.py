@@ -4,7 +4,7 @@ Head gates xi_h sit on the input of the attention output projection, where the h
 separate (`[..., num_heads * head_dim]`, head-major). Neuron gates sit on the input of a feed-forward
 block's second linear, after the activation (`[..., num_neurons]`). Both are forward pre-hooks on a
 linear, so they are the same for every attention implementation (sdpa, eager, ...) and every family
-in `pipeline.sites`.
+in `pipeline.core.sites`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from pipeline.sites import attention_sites, ffn_sites
+from pipeline.core.sites import attention_sites, ffn_sites
 
 
 class Gates(list):

@@ -1,6 +1,6 @@
 """Iterative pruning curves (the paper's Figures 3/4): cumulative removal of the globally least
 important heads, evaluated at each level on every split. Beyond the paper: the budgeted methods of
-`pipeline.budgeted` against the paper's order at equal cost (`budgeted_curves`).
+`pipeline.methods.budgeted` against the paper's order at equal cost (`budgeted_curves`).
 
 Every level is evaluated on a physically pruned copy (outputs equal the masked model's; tested in
 the core), which is also faster. Results are memoised by the set of removed heads, so levels that
@@ -17,12 +17,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.budgeted import Batches, BudgetError, UnitCosts, UnitGradients, budgeted_prune
-from pipeline.evaluation import TaskEval
-from pipeline.flops import forward_flops
-from pipeline.importance import Head, head_importance, normalize_per_layer, rank_heads, select_heads
-from pipeline.sites import attention_sites, ffn_sites
-from pipeline.surgery import prune_heads
+from pipeline.methods.budgeted import Batches, BudgetError, UnitCosts, UnitGradients, budgeted_prune
+from pipeline.tasks.evaluation import TaskEval
+from pipeline.core.flops import forward_flops
+from pipeline.core.importance import Head, head_importance, normalize_per_layer, rank_heads, select_heads
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads
 
 Plan = dict[int, list[int]]
 

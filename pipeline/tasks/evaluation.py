@@ -18,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
-from pipeline.metrics import compute_metric, paired_bootstrap_pvalue
+from pipeline.tasks.metrics import compute_metric, paired_bootstrap_pvalue
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -112,7 +112,7 @@ class TaskEval(Protocol):
 
 class ClassificationEval:
     """Scores a model on one evaluation split: what the ablation and pruning sweeps call, once per
-    masked or pruned model. `TranslationEval` (pipeline/seq2seq.py) is the same thing with BLEU."""
+    masked or pruned model. `TranslationEval` (pipeline/mt/seq2seq.py) is the same thing with BLEU."""
 
     def __init__(self, eval_set: EvalSet, metric: str):
         self.eval_set, self.metric = eval_set, metric

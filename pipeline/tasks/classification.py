@@ -24,7 +24,7 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from pipeline.metrics import METRICS
+from pipeline.tasks.metrics import METRICS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

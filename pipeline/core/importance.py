@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.gates import head_gates
+from pipeline.core.gates import head_gates
 
 LABEL_PAD = -100
 

@@ -30,7 +30,7 @@ import pandas as pd
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from pipeline.data import LOCAL_FORMATS, SPLITS, _check_fractions, _find_local_files
+from pipeline.tasks.classification import LOCAL_FORMATS, SPLITS, _check_fractions, _find_local_files
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -3,7 +3,7 @@
 Michel et al. (2019) prune a WMT14 transformer; offline we cannot download one, so the MT experiments
 train their own (Vaswani et al. 2017 recipe, scaled down): shared source/target embeddings, Adam with
 betas (0.9, 0.98), warm-up then inverse-square-root decay, label smoothing 0.1, batches by token budget.
-Marian is used because the attention-site table (pipeline/sites.py) already knows its layout.
+Marian is used because the attention-site table (pipeline/core/sites.py) already knows its layout.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, PreTrainedTokenizerBase
 
-from pipeline.importance import LABEL_PAD
+from pipeline.core.importance import LABEL_PAD
 
 # --- model -------------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ on this machine), three steps decide what stays, each far cheaper than retrainin
 3. **Tune** (`tune`): layer by layer, rescale the kept units so that the pruned layer reproduces the
    unpruned layer's output, residual included, on the sample: a linear least-squares problem per layer.
    The scales are folded into the output projections, so the result is an ordinary physically pruned
-   model that `pipeline.checkpoint.save_model` writes like every other.
+   model that `pipeline.core.checkpoint.save_model` writes like every other.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.bench import median_time
-from pipeline.flops import module_flops
-from pipeline.gates import head_gates, neuron_gates
-from pipeline.importance import frozen_for_gate_gradients, per_example_loss
-from pipeline.sites import attention_sites, ffn_sites
-from pipeline.surgery import prune_heads, prune_neurons
+from pipeline.methods.bench import median_time
+from pipeline.core.flops import module_flops
+from pipeline.core.gates import head_gates, neuron_gates
+from pipeline.core.importance import frozen_for_gate_gradients, per_example_loss
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads, prune_neurons
 
 Batches = Sequence[Mapping[str, torch.Tensor]]
 
@@ -106,7 +106,7 @@ class UnitCosts:
 
 
 def flop_costs(model: nn.Module, probe: Mapping[str, torch.Tensor]) -> UnitCosts:
-    """FLOPs of one forward pass on `probe` (`pipeline.flops`, the count behind every FLOP figure in the
+    """FLOPs of one forward pass on `probe` (`pipeline.core.flops`, the count behind every FLOP figure in the
     reports), split into units: every product inside an attention site or an FFN grows linearly with its
     heads or neurons, so a site's FLOPs divided by its units is the cost of one unit."""
     flops = module_flops(model, probe)

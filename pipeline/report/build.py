@@ -19,7 +19,7 @@ Inputs in report_dir (columns):
     benchmark_budgeted.csv  budget_removed, batch_size, attn_implementation, examples_per_s, speedup,
                         ideal_speedup
 
-CLI:  python -m pipeline.report <report_dir> --title "..."
+CLI:  python -m pipeline.report.build <report_dir> --title "..."
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipeline.atomic import write_bytes  # noqa: E402
+from pipeline.files.atomic import write_bytes  # noqa: E402
 
 # Reference numbers from Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than One?".
 # Kept in one place so the BERT and the MT experiments share the renderer.

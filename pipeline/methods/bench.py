@@ -1,7 +1,7 @@
 """Throughput of unpruned vs physically pruned encoders, beside the ideal speedup from FLOPs.
 
-    python -m pipeline.bench                      # BERT-base and MiniLM-L6 shapes, sdpa and eager
-    python -m pipeline.bench --shapes minilm-l6 --batch-sizes 1 16 --repeats 3 --csv bench.csv
+    python -m pipeline.methods.bench                      # BERT-base and MiniLM-L6 shapes, sdpa and eager
+    python -m pipeline.methods.bench --shapes minilm-l6 --batch-sizes 1 16 --repeats 3 --csv bench.csv
 
 Random weights are enough for speed. Each configuration is timed `--repeats` times after a warm-up
 and the median is reported; every model of one shape is measured in the same run, so ratios are
@@ -21,10 +21,10 @@ import torch
 import transformers
 from torch import nn
 
-from pipeline.flops import forward_flops, parameter_count
-from pipeline.importance import head_importance
-from pipeline.sites import attention_sites
-from pipeline.surgery import prune_heads
+from pipeline.core.flops import forward_flops, parameter_count
+from pipeline.core.importance import head_importance
+from pipeline.core.sites import attention_sites
+from pipeline.core.surgery import prune_heads
 
 SHAPES = {
     "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),

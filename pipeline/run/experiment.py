@@ -29,12 +29,12 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from pipeline.atomic import staged_dir
-from pipeline.checkpoint import load_model, save_model
-from pipeline.config import Params, ParamsError, TranslationParams, load_params
-from pipeline.evaluation import EvalSet, labelled_batches, make_eval_set
-from pipeline.seq2seq import TranslationEval, collate_pairs
-from pipeline.sources import SCRATCH
+from pipeline.files.atomic import staged_dir
+from pipeline.core.checkpoint import load_model, save_model
+from pipeline.config.params import Params, ParamsError, TranslationParams, load_params
+from pipeline.tasks.evaluation import EvalSet, labelled_batches, make_eval_set
+from pipeline.mt.seq2seq import TranslationEval, collate_pairs
+from pipeline.tasks.sources import SCRATCH
 
 log = logging.getLogger("pipeline")
 
@@ -154,7 +154,7 @@ class Experiment:
         Face folder with the tokenizer, or a fairseq checkpoint with the dictionaries it needs."""
         if not self.is_fairseq:
             return save_model(model, path, self.tokenizer())
-        from pipeline import fairseq_backend as fb
+        from pipeline.backends import fairseq as fb
 
         with staged_dir(path) as staging:
             fb.save_checkpoint(model, staging / FAIRSEQ_CHECKPOINT)
@@ -162,7 +162,7 @@ class Experiment:
         return path
 
     def _fairseq_checkpoint(self, checkpoint: Path, data_bin: Path) -> torch.nn.Module:
-        from pipeline import fairseq_backend as fb
+        from pipeline.backends import fairseq as fb
 
         try:
             return fb.load_checkpoint(checkpoint, data_bin, trust_checkpoint=self.params.model.trust_checkpoint)
@@ -225,7 +225,7 @@ class Experiment:
         if max_examples is not None and max_examples < len(data):
             data = data.shuffle(seed=self.params.seed).select(range(max_examples))
         if self.is_fairseq:
-            from pipeline import fairseq_backend as fb
+            from pipeline.backends import fairseq as fb
 
             # fairseq-generate's output length: at most max_len_a * source length + max_len_b tokens.
             m = self.params.model
