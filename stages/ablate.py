@@ -16,11 +16,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.methods.ablation import ablation_tables
-from pipeline.files.atomic import write_csv
-from pipeline.tasks.evaluation import ClassificationEval, TaskEval
-from pipeline.run.experiment import Experiment, log
 from pipeline.core.sites import attention_sites
+from pipeline.files.atomic import write_csv
+from pipeline.methods.ablation import ablation_tables
+from pipeline.run.experiment import Experiment, log
+from pipeline.tasks.evaluation import ClassificationEval, TaskEval
 
 
 @functools.cache

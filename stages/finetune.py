@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 from transformers import MarianConfig
 
-from pipeline.files.atomic import write_csv, write_json
 from pipeline.core.checkpoint import save_model
-from pipeline.tasks.evaluation import evaluate
-from pipeline.run.experiment import Experiment, log
+from pipeline.files.atomic import write_csv, write_json
 from pipeline.mt.seq2seq import TranslationTrainConfig, bleu, new_marian, train_translation
+from pipeline.run.experiment import Experiment, log
+from pipeline.tasks.evaluation import evaluate
 from pipeline.training.classification import TrainConfig, finetune
 
 

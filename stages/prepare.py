@@ -13,12 +13,12 @@ from pathlib import Path
 
 import datasets
 
-from pipeline.tasks.assets import MT_DATA, fetch_asset
-from pipeline.files.atomic import write_json
 from pipeline.config.params import DEFAULT
-from pipeline.tasks.classification import load_task, tokenize_splits
-from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
+from pipeline.files.atomic import write_json
 from pipeline.mt.seq2seq import marian_config
+from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
+from pipeline.tasks.assets import MT_DATA, fetch_asset
+from pipeline.tasks.classification import load_task, tokenize_splits
 from pipeline.tasks.sources import (
     DEFAULT_MODEL_NAME,
     MT_DATA_ATTRIBUTION,

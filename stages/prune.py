@@ -15,24 +15,24 @@ import pandas as pd
 import torch
 from scipy.stats import spearmanr
 
+from pipeline.core.importance import head_importance, normalize_per_layer, random_order, rank_heads, select_heads
+from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.methods.bench import random_inputs
 from pipeline.methods.budgeted import flop_costs, gate_gradients, latency_costs, latency_table
-from pipeline.tasks.evaluation import ClassificationEval
-from pipeline.run.experiment import Experiment, log
-from pipeline.core.importance import head_importance, normalize_per_layer, random_order, rank_heads, select_heads
 from pipeline.methods.pruning import (
     CurveEvaluator,
     budgeted_curves,
     heads_for,
     mean_over_seeds,
     plans_from_order,
+    prunable_fraction,
     pruned_copy,
     pruning_levels,
     reestimated_plans,
 )
-from pipeline.report.build import prunable_fraction
-from pipeline.core.sites import attention_sites
+from pipeline.run.experiment import Experiment, log
+from pipeline.tasks.evaluation import ClassificationEval
 
 
 def importance_by_site(model, table: pd.DataFrame) -> list[torch.Tensor]:

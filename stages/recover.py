@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.files.atomic import write_csv
-from pipeline.tasks.evaluation import evaluate
 from pipeline.run.experiment import Experiment, log
+from pipeline.tasks.evaluation import evaluate
 from pipeline.training.classification import TrainConfig, finetune
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.run.experiment import Experiment, log
 from pipeline.report.build import build_report
+from pipeline.run.experiment import Experiment, log
 
 
 def main() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.files.atomic import write_csv
-from pipeline.run.experiment import Experiment, log
 from pipeline.core.importance import head_importance, normalize_per_layer
 from pipeline.core.sites import attention_sites
+from pipeline.files.atomic import write_csv
+from pipeline.run.experiment import Experiment, log
 
 
 def main() -> None:

@@ -8,6 +8,11 @@ import copy
 import pytest
 import torch
 
+from pipeline.core.checkpoint import load_model, save_model
+from pipeline.core.flops import forward_flops
+from pipeline.core.importance import per_example_loss
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.methods.budgeted import (
     METHODS,
     BudgetError,
@@ -22,11 +27,6 @@ from pipeline.methods.budgeted import (
     search,
     tune,
 )
-from pipeline.core.checkpoint import load_model, save_model
-from pipeline.core.flops import forward_flops
-from pipeline.core.importance import per_example_loss
-from pipeline.core.sites import attention_sites, ffn_sites
-from pipeline.core.surgery import prune_heads, prune_neurons
 from tests.tiny_models import SEQ2SEQ, tiny_batch, tiny_model
 
 ENCODERS = ["bert", "distilbert", "mpnet", "roberta"]

@@ -9,13 +9,12 @@ import pytest
 import torch
 from datasets import Dataset
 
-from pipeline.methods.ablation import ablation_tables, record_block_outputs, replay_blocks_below
-from pipeline.methods.bench import forward_memory_mb
 from pipeline.config.params import ParamsError, load_params, parse_params
-from pipeline.tasks.evaluation import ClassificationEval, make_eval_set, predict
 from pipeline.core.gates import head_gates
 from pipeline.core.importance import random_order
-from pipeline.tasks.metrics import compute_metric
+from pipeline.core.sites import layer_stack
+from pipeline.methods.ablation import ablation_tables, record_block_outputs, replay_blocks_below
+from pipeline.methods.bench import forward_memory_mb
 from pipeline.methods.pruning import (
     CurveEvaluator,
     mean_over_seeds,
@@ -24,7 +23,8 @@ from pipeline.methods.pruning import (
     pruning_levels,
     reestimated_plans,
 )
-from pipeline.core.sites import layer_stack
+from pipeline.tasks.evaluation import ClassificationEval, make_eval_set, predict
+from pipeline.tasks.metrics import compute_metric
 from tests.tiny_models import tiny_model
 
 

@@ -33,9 +33,9 @@ from pipeline.backends import fairseq as fb  # noqa: E402
 from pipeline.core.flops import parameter_count  # noqa: E402
 from pipeline.core.gates import head_gates  # noqa: E402
 from pipeline.core.importance import head_importance, per_example_loss, rank_heads  # noqa: E402
-from pipeline.methods.pruning import CurveEvaluator, plans_from_order  # noqa: E402
 from pipeline.core.sites import attention_sites  # noqa: E402
 from pipeline.core.surgery import prune_heads  # noqa: E402
+from pipeline.methods.pruning import CurveEvaluator, plans_from_order  # noqa: E402
 
 # Every kind touched, with different counts per site, and one site of each kind emptied.
 PLAN = {0: [1, 2], 1: [0, 1, 2, 3], 2: [0, 1, 2, 3], 3: [3], 4: [1], 5: [0, 1, 2, 3]}

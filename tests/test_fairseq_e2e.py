@@ -25,9 +25,9 @@ if importlib.util.find_spec("fairseq") is None:
     pytest.skip("the fairseq extra is not installed", allow_module_level=True)
 
 from pipeline.backends import fairseq as fb  # noqa: E402
-from pipeline.run.experiment import Experiment  # noqa: E402
 from pipeline.core.importance import head_importance  # noqa: E402
 from pipeline.core.sites import attention_sites  # noqa: E402
+from pipeline.run.experiment import Experiment  # noqa: E402
 from stages import prepare  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

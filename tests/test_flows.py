@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.flows import dvc_flows as flows
 from pipeline.config.params import ParamsError
+from pipeline.flows import dvc_flows as flows
 from tests.tiny_project import ROOT, STAGES, commit_all, make_tiny_project, run
 
 pytestmark = pytest.mark.usefixtures("prefect_home")

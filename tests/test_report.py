@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pipeline.methods.pruning import prunable_fraction
 from pipeline.report import plots_template
-from pipeline.report.build import build_report, prunable_fraction
+from pipeline.report.build import build_report
 
 FRACTIONS = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
 # Importance curve: within 1 point up to 30% (84.6 -> 83.7), then 82.0 at 40%. The 50% level is back

@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline.tasks import translation as translation_data
 from pipeline.mt.seq2seq import (
     TranslationTrainConfig,
     bleu,
@@ -23,6 +22,7 @@ from pipeline.mt.seq2seq import (
     train_translation,
     translate,
 )
+from pipeline.tasks import translation as translation_data
 from pipeline.tasks.subword import train_tokenizer
 from pipeline.tasks.translation import load_tatoeba_pairs, load_translation_task, split_by_source, tokenize_pairs
 

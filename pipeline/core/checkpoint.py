@@ -21,9 +21,9 @@ import transformers
 from safetensors.torch import load_file
 from torch import nn
 
-from pipeline.files.atomic import staged_dir
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.files.atomic import staged_dir
 
 PRUNING_FILE = "head_pruning.json"
 # 1: heads only ("sites"). 2: adds the FFN sites ("ffn_sites"); a version-1 record keeps every neuron.

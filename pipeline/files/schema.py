@@ -9,7 +9,6 @@ from __future__ import annotations
 # --- where a model and data come from (params) ----------------------------------------------------
 DEFAULT = "default"  # the offline default model / data (pinned PyPI wheels)
 SCRATCH = "scratch"  # translation: a Marian model trained from scratch by the finetune stage
-BACKENDS = ("hf", "fairseq")
 
 # --- splits, attention kinds, metrics ---------------------------------------------------------------
 SPLITS = ("train", "dev", "test")
@@ -18,6 +17,10 @@ KINDS = ("encoder", "decoder", "cross")  # attention kinds; encoder-only models 
 KIND_LABELS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 CLASSIFICATION_METRICS = ("accuracy", "matthews", "f1")
 BLEU = "bleu"
+
+# --- the claims' thresholds (prune.json, the report) ---------------------------------------------------
+TOLERANCE = 1.0  # points (or BLEU) lost that still count as "no real loss": the prunable fraction
+ALPHA = 0.05  # significance level of the single-head ablation
 
 # --- pruning methods (the `method` column of pruning_curve.csv and budgeted_curve.csv) ----------------
 IMPORTANCE = "importance"  # one-shot importance order (Figure 3)

@@ -39,8 +39,8 @@ from prefect.exceptions import MissingContextError  # noqa: E402
 from prefect_dask import DaskTaskRunner  # noqa: E402
 from ruamel.yaml import YAML  # noqa: E402
 
-from pipeline.files.atomic import write_csv, write_text  # noqa: E402
 from pipeline.config.params import ParamsError, parse_params  # noqa: E402
+from pipeline.files.atomic import write_csv, write_text  # noqa: E402
 
 # The DVC remote that workers share, as a URL (s3://bucket/path, a local folder in tests); a flow's
 # `dvc_remote` parameter takes precedence. It is registered in each workspace as the remote "flows".

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.tasks.evaluation import ClassificationEval, EvalSet, TaskEval
 from pipeline.core.gates import head_gates
 from pipeline.core.sites import attention_sites, layer_stack
+from pipeline.tasks.evaluation import ClassificationEval, EvalSet, TaskEval
 
 
 class _StopForward(Exception):

@@ -29,12 +29,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.methods.bench import median_time
 from pipeline.core.flops import module_flops
 from pipeline.core.gates import head_gates, neuron_gates
 from pipeline.core.importance import frozen_for_gate_gradients, per_example_loss
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.methods.bench import median_time
 
 Batches = Sequence[Mapping[str, torch.Tensor]]
 

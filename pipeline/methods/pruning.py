@@ -12,17 +12,19 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.methods.budgeted import Batches, BudgetError, UnitCosts, UnitGradients, budgeted_prune
-from pipeline.tasks.evaluation import TaskEval
 from pipeline.core.flops import forward_flops
 from pipeline.core.importance import Head, head_importance, normalize_per_layer, rank_heads, select_heads
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
+from pipeline.files.schema import TOLERANCE
+from pipeline.methods.budgeted import Batches, BudgetError, UnitCosts, UnitGradients, budgeted_prune
+from pipeline.tasks.evaluation import TaskEval
 
 Plan = dict[int, list[int]]
 
@@ -177,3 +179,25 @@ def budgeted_curves(
         if method == "budgeted-tuned" and level in keep_models_at:
             kept_models[level] = result.model
     return pd.DataFrame(rows), seconds, kept_models
+
+
+def prunable_fraction(
+    curve: pd.DataFrame, method: str, split: str, tolerance: float = TOLERANCE
+) -> tuple[float, float, float] | None:
+    """Largest share of heads pruned with every level up to it within `tolerance` of the unpruned metric.
+
+    Returns (fraction, metric at that fraction, unpruned metric), or None without a fraction-0 row.
+    Levels are walked in order and the walk stops at the first one that loses more than the tolerance,
+    so a noisy recovery at a higher level does not count.
+    """
+    rows = curve[(curve["method"] == method) & (curve["split"] == split)].sort_values("fraction_pruned")
+    unpruned = rows[np.isclose(rows["fraction_pruned"].astype(float), 0.0, atol=1e-6)]  # fractions from CSV
+    if unpruned.empty:
+        return None
+    base = float(unpruned["metric"].mean())  # all methods agree at 0% pruned
+    best = (0.0, base, base)
+    for r in rows.itertuples():
+        if r.metric < base - tolerance - 1e-9:
+            break
+        best = (float(r.fraction_pruned), float(r.metric), base)
+    return best

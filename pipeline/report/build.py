@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from pipeline.files.atomic import write_bytes  # noqa: E402
+from pipeline.methods.pruning import prunable_fraction  # noqa: E402
 
 # Reference numbers from Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than One?".
 # Kept in one place so the BERT and the MT experiments share the renderer.
@@ -894,27 +895,6 @@ def _table4(bench: pd.DataFrame) -> tuple[float, pd.DataFrame] | None:
 
 # --------------------------------------------------------------------------------------------------
 # "Compared with the paper": one computed sentence per claim
-
-
-def prunable_fraction(
-    curve: pd.DataFrame, method: str, split: str, tolerance: float = TOLERANCE
-) -> tuple[float, float, float] | None:
-    """Largest share of heads pruned with every level up to it within `tolerance` of the unpruned metric.
-
-    Returns (fraction, metric at that fraction, unpruned metric), or None without a fraction-0 row.
-    Levels are walked in order and the walk stops at the first one that loses more than the tolerance,
-    so a noisy recovery at a higher level does not count.
-    """
-    rows = curve[(curve["method"] == method) & (curve["split"] == split)].sort_values("fraction_pruned")
-    base = _baseline(rows)
-    if base is None:
-        return None
-    best = (0.0, base, base)
-    for r in rows.itertuples():
-        if r.metric < base - tolerance - 1e-9:
-            break
-        best = (float(r.fraction_pruned), float(r.metric), base)
-    return best
 
 
 def _sentence_prunable(inp: Inputs) -> str | None:

