@@ -12,19 +12,18 @@ from __future__ import annotations
 import functools
 import os
 
-import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from pipeline.core.sites import attention_sites
-from pipeline.files.atomic import write_csv
-from pipeline.methods.ablation import ablation_tables
+from pipeline.files.atomic import write_csv, write_json
+from pipeline.files.schema import ALPHA
+from pipeline.methods.ablation import ablation_tables, sharded_ablation_tables
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import ClassificationEval, TaskEval
 
 
-@functools.cache
-def _model_and_eval(params_file: str) -> tuple[torch.nn.Module, TaskEval]:
+@functools.cache  # once per process: a Dask worker keeps the model for its next sites
+def model_and_eval(params_file: str) -> tuple[torch.nn.Module, TaskEval]:
     exp = Experiment.from_params_file(params_file)
     p = exp.params
     model = exp.load(exp.finetuned_dir)
@@ -34,47 +33,30 @@ def _model_and_eval(params_file: str) -> tuple[torch.nn.Module, TaskEval]:
     return model, ClassificationEval(eval_set, exp.task()["metric"])
 
 
-def ablate_site(params_file: str, site_index: int, threads: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One shard, on a Dask worker (which loads the model once and keeps it for its next sites)."""
-    torch.set_num_threads(threads)
-    model, task_eval = _model_and_eval(params_file)
-    p = Experiment.from_params_file(params_file).params
-    return ablation_tables(model, task_eval, p.ablate.n_resamples, p.seed, progress=False,
-                           site_indices=[site_index])
-
-
-def sharded_tables(params_file: str, num_sites: int, workers: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from distributed import Client, LocalCluster, as_completed
-
-    address = os.environ.get("DASK_SCHEDULER_ADDRESS")
-    threads = 1 if address else max(1, (os.cpu_count() or 1) // workers)
-    with (Client(address) if address else Client(LocalCluster(n_workers=workers, threads_per_worker=1))) as client:
-        futures = [client.submit(ablate_site, params_file, i, threads, pure=False) for i in range(num_sites)]
-        # A tqdm bar like every other long loop here (Dask's own bar redraws every 100 ms, flooding logs).
-        for _ in tqdm(as_completed(futures), total=len(futures), desc="ablate (sites)"):
-            pass
-        parts = client.gather(futures)
-    return (pd.concat([a for a, _ in parts], ignore_index=True),
-            pd.concat([o for _, o in parts], ignore_index=True))
-
-
 def main() -> None:
     exp = Experiment.from_cli()
     p = exp.params
     workers = int(os.environ.get("ABLATE_WORKERS", "1"))
-    model, task_eval = _model_and_eval(exp.params_file)
+    model, task_eval = model_and_eval(exp.params_file)
     if workers > 1:
-        ablation, one_head = sharded_tables(exp.params_file, len(attention_sites(model)), workers)
+        ablation, one_head = sharded_ablation_tables(functools.partial(model_and_eval, exp.params_file),
+                                                     len(attention_sites(model)), workers, p.ablate.n_resamples,
+                                                     p.seed)
     else:
         ablation, one_head = ablation_tables(model, task_eval, p.ablate.n_resamples, p.seed)
     ablation["examples"] = len(task_eval)
     write_csv(exp.reports / "ablation.csv", ablation)
     write_csv(exp.reports / "one_head.csv", one_head)
-    significant = ablation[ablation.p_value < 0.05]
-    log.info("ablate (%s, %d examples): %d of %d single-head removals significant (p<0.05), %d of them "
-             "improve; worst delta %.2f, worst one-head layer delta %.2f", p.ablate.split, len(task_eval),
-             len(significant), len(ablation), int((significant.delta > 0).sum()), ablation.delta.min(),
-             one_head.delta.min())
+    significant = ablation[ablation.p_value < ALPHA]
+    summary = {"split": p.ablate.split, "examples": len(task_eval), "heads": len(ablation),
+               "significant": len(significant), "significant_improving": int((significant.delta > 0).sum()),
+               "worst_delta": round(float(ablation.delta.min()), 4),
+               "worst_one_head_delta": round(float(one_head.delta.min()), 4)}
+    write_json(exp.reports / "ablate.json", summary)
+    log.info("ablate (%s, %d examples): %d of %d single-head removals significant (p<%g), %d of them improve; "
+             "worst delta %.2f, worst one-head layer delta %.2f", p.ablate.split, len(task_eval),
+             summary["significant"], summary["heads"], ALPHA, summary["significant_improving"],
+             ablation.delta.min(), one_head.delta.min())
 
 
 if __name__ == "__main__":

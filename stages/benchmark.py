@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.files.atomic import write_csv
+from pipeline.files.atomic import write_csv, write_json
+from pipeline.files.schema import TABLE_COLUMNS
 from pipeline.methods.bench import forward_memory_mb, measure_generation, measure_throughput
 from pipeline.run.experiment import Experiment, log
 
@@ -55,6 +56,17 @@ def translation(exp: Experiment, models: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: int) -> dict:
+    """Table 4's numbers at the largest batch, for `dvc metrics`: each model's speedup and its ideal (FLOPs)."""
+    summary: dict = {}
+    for name, frame, column in (("pruned", table, "fraction_pruned"), ("budgeted", budgeted, "budget_removed")):
+        for r in frame[(frame.batch_size == batch_size) & (frame[column] > 0)].itertuples():
+            key = f"{r.attn_implementation}@batch{batch_size}"
+            summary.setdefault(key, {})[f"{name}@{getattr(r, column):g}"] = {
+                "speedup": round(float(r.speedup), 4), "ideal_speedup": round(float(r.ideal_speedup), 4)}
+    return summary
+
+
 def main() -> None:
     exp = Experiment.from_cli()
     b = exp.params.benchmark
@@ -69,8 +81,7 @@ def main() -> None:
     write_csv(exp.reports / "benchmark.csv", table)
     # A level the budget could not reach (the prune stage logs it) has no model to measure.
     levels = [lv for lv in exp.params.prune.budgeted.save_levels if exp.budgeted_dir(lv).is_dir()]
-    budgeted = pd.DataFrame(columns=["attn_implementation", "batch_size", "budget_removed", "examples_per_s",
-                                     "speedup", "ideal_speedup", "params"])
+    budgeted = pd.DataFrame(columns=TABLE_COLUMNS["benchmark_budgeted.csv"])
     if levels and not exp.is_translation:
         rows = []
         for impl in b.attn_implementations:
@@ -85,6 +96,7 @@ def main() -> None:
                      r.ideal_speedup)
     write_csv(exp.reports / "benchmark_budgeted.csv", budgeted)
     largest = max(b.batch_sizes)
+    write_json(exp.reports / "benchmark.json", headline_speedups(table, budgeted, largest))
     for r in table[table.batch_size == largest].itertuples():
         log.info("benchmark: %.0f%% pruned, batch %d, %s: %.1f examples/s, speedup %.3f (ideal %.3f)",
                  100 * r.fraction_pruned, r.batch_size, r.attn_implementation, r.examples_per_s, r.speedup,

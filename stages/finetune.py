@@ -6,16 +6,14 @@ or take a pretrained one (or a fairseq checkpoint) as it is; BLEU with beam sear
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pandas as pd
 from transformers import MarianConfig
 
 from pipeline.core.checkpoint import save_model
-from pipeline.files.atomic import write_csv, write_json
+from pipeline.files.atomic import staged_dir, write_csv, write_json
+from pipeline.files.schema import BLEU, EVAL_SPLITS, checkpoint_name
 from pipeline.mt.seq2seq import TranslationTrainConfig, bleu, new_marian, train_translation
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import evaluate
@@ -44,11 +42,10 @@ def classification(exp: Experiment) -> None:
 def translation(exp: Experiment) -> None:
     p, task = exp.params, exp.task()
     t = p.finetune
-    exp.artifacts.mkdir(parents=True, exist_ok=True)
-    # Checkpoints go to a staging folder renamed at the end, so a killed run leaves none that a rerun trusts.
-    staging = Path(tempfile.mkdtemp(prefix=".checkpoints.", dir=exp.artifacts))
+    # Checkpoints go to a staging folder that replaces the old one at the end: a killed run leaves none that a
+    # rerun would trust.
     start = time.perf_counter()
-    try:
+    with staged_dir(exp.checkpoints_dir) as staging:
         if exp.trains_from_scratch:
             tokenizer = exp.tokenizer()
             model = new_marian(MarianConfig.from_pretrained(exp.base_model_dir), p.seed)
@@ -57,26 +54,21 @@ def translation(exp: Experiment) -> None:
                                             warmup_steps=t.warmup_steps, schedule=t.schedule,
                                             label_smoothing=t.label_smoothing, seed=p.seed)
             losses = train_translation(model, exp.splits()["train"], tokenizer, config, t.checkpoint_steps,
-                                       lambda step, m: exp.save(m, staging / f"step-{step:06d}"))
+                                       lambda step, m: exp.save(m, staging / checkpoint_name(step)))
             final_step = t.steps
         else:  # a pretrained model (or a fairseq checkpoint) is pruned as it is; its only "checkpoint" is itself
             model, losses, final_step = exp.load(exp.base_model_dir), [], 0
         seconds = time.perf_counter() - start
-        exp.save(model, staging / f"step-{final_step:06d}")
-        if exp.checkpoints_dir.exists():
-            shutil.rmtree(exp.checkpoints_dir)
-        staging.rename(exp.checkpoints_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        exp.save(model, staging / checkpoint_name(final_step))
     scores, signature = {}, ""
-    for split in ("dev", "test"):
+    for split in EVAL_SPLITS:
         task_eval = exp.translation_eval(split, num_beams=p.translate.num_beams)
         hypotheses = task_eval(model)[1]
         scores[split], signature = bleu(hypotheses, task_eval.references)
     exp.save(model, exp.finetuned_dir)
     write_csv(exp.reports / "training_loss.csv", pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))
     write_json(exp.reports / "finetune.json", {
-        "metric": "bleu", **scores, "bleu_signature": signature, "num_beams": p.translate.num_beams,
+        "metric": BLEU, **scores, "bleu_signature": signature, "num_beams": p.translate.num_beams,
         "model": task["model"], "data": task["data"], "data_attribution": task["data_attribution"],
         "train_steps": len(losses), "train_loss_last": losses[-1] if losses else None,
         "train_seconds": round(seconds),

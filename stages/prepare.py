@@ -7,14 +7,12 @@ finetune stage trains from scratch); a pretrained model brings its own tokenizer
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
-from pathlib import Path
 
 import datasets
 
 from pipeline.config.params import DEFAULT
-from pipeline.files.atomic import write_json
+from pipeline.files.atomic import staged_dir, write_json
+from pipeline.files.schema import TASK_FILE
 from pipeline.mt.seq2seq import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.tasks.assets import MT_DATA, fetch_asset
@@ -33,15 +31,9 @@ from pipeline.tasks.translation import load_translation_task, tokenize_pairs
 
 def save_splits(exp: Experiment, splits: datasets.DatasetDict, task: dict) -> None:
     """The splits and task.json into the data folder, all or nothing."""
-    staging = tempfile.mkdtemp(prefix=".data.", dir=exp.artifacts)
-    try:
-        splits.save_to_disk(staging)
-        write_json(f"{staging}/task.json", {**task, "sizes": {name: len(ds) for name, ds in splits.items()}})
-        if exp.data_dir.exists():
-            shutil.rmtree(exp.data_dir)
-        shutil.move(staging, exp.data_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with staged_dir(exp.data_dir) as staging:
+        splits.save_to_disk(str(staging))
+        write_json(staging / TASK_FILE, {**task, "sizes": {name: len(ds) for name, ds in splits.items()}})
 
 
 def classification(exp: Experiment) -> None:
@@ -67,19 +59,12 @@ def translation(exp: Experiment) -> None:
                                 fractions=d.fractions, max_train_pairs=d.max_train_pairs,
                                 max_eval_pairs=d.max_eval_pairs, seed=p.seed)
     if m.name_or_path == SCRATCH:
-        exp.artifacts.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".base_model.", dir=exp.artifacts))
-        try:
+        with staged_dir(exp.base_model_dir) as staging:
             train = raw["train"]
             tokenizer = train_tokenizer((*train["source"][:], *train["target"][:]), m.vocab_size, staging)
             # The untrained model's shape, next to its tokenizer: the finetune stage builds it from here.
             marian_config(tokenizer, m.d_model, (m.encoder_layers, m.decoder_layers), m.heads, m.ffn_dim,
                           max_positions=d.max_length, dropout=m.dropout).save_pretrained(staging)
-            if exp.base_model_dir.exists():
-                shutil.rmtree(exp.base_model_dir)
-            staging.rename(exp.base_model_dir)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         model_name = (f"Marian transformer trained from scratch ({m.encoder_layers}+{m.decoder_layers} layers, "
                       f"{m.heads} heads, d_model {m.d_model})")
     else:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from tests.tiny_project import MT_COLUMNS, ran_stages, run
+from tests.tiny_project import MT_COLUMNS, ran_stages, run, traced_env, undeclared_params
 
 if importlib.util.find_spec("fairseq") is None:
     if os.environ.get("CI"):
@@ -51,7 +51,12 @@ def tiny_fairseq_params() -> dict:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory, fairseq_toy_checkpoint) -> Path:
+def trace_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("params-trace")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, fairseq_toy_checkpoint, trace_dir) -> Path:
     root = tmp_path_factory.mktemp("fairseq_repo")
     for package in ("pipeline", "stages"):
         shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -66,9 +71,17 @@ def repo(tmp_path_factory, fairseq_toy_checkpoint) -> Path:
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
     shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
-    output = run(["dvc", "repro", "mt-fairseq/dvc.yaml"], root)
+    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")
+    shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")  # no __pycache__ in the code deps' hashes
+    output = run(["dvc", "repro", "mt-fairseq/dvc.yaml"], root, traced_env(trace_dir))
     assert [s.removeprefix("mt-fairseq/dvc.yaml:") for s in ran_stages(output)] == STAGES
     return root
+
+
+def test_every_stage_declares_the_params_it_reads(repo, trace_dir):
+    stages = yaml.safe_load((repo / "mt-fairseq/dvc.yaml").read_text())["stages"]
+    assert len(list(trace_dir.glob("*.json"))) == len(stages)
+    assert undeclared_params(repo, "mt-fairseq/dvc.yaml", trace_dir) == {}
 
 
 @pytest.fixture

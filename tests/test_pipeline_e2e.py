@@ -3,6 +3,7 @@ stage code on a tiny BERT and a small local CSV, then the DVC behaviours users r
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -13,15 +14,34 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.tiny_project import make_tiny_project, ran_stages, run, tiny_params, with_budgeted
+from tests.tiny_project import (
+    STAGES,
+    make_tiny_project,
+    ran_stages,
+    run,
+    tiny_params,
+    traced_env,
+    undeclared_params,
+    with_budgeted,
+)
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
+def trace_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("params-trace")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, trace_dir) -> Path:
     root = make_tiny_project(tmp_path_factory.mktemp("repo"), params=with_budgeted(tiny_params()))
-    first = run(["dvc", "repro"], root)
-    assert ran_stages(first) == ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
+    first = run(["dvc", "repro"], root, traced_env(trace_dir))
+    assert ran_stages(first) == STAGES
     return root
+
+
+def test_every_stage_declares_the_params_it_reads(repo, trace_dir):
+    assert sorted(p.stem for p in trace_dir.glob("*.json")) == sorted(STAGES)
+    assert undeclared_params(repo, "dvc.yaml", trace_dir) == {}
 
 
 def test_repro_writes_every_table_figure_and_report(repo):
@@ -98,7 +118,8 @@ def test_a_prune_param_reruns_only_prune_and_what_follows(repo):
     assert ran[0] == "prune" and ran[-1] == "report" and set(ran) <= {"prune", "recover", "benchmark", "report"}
     curve = pd.read_csv(repo / "reports" / "tiny" / "pruning_curve.csv")
     assert sorted(curve.fraction_pruned.unique()) == [0.0, 0.5]
-    latency = pd.read_csv(repo / "reports" / "tiny" / "plots" / "latency_table.csv")
+    prune = json.loads((repo / "reports" / "tiny" / "prune.json").read_text())
+    latency = pd.DataFrame(prune["budgeted"]["latency_table"])
     assert set(latency.units) == {"heads", "neurons"} and (latency.seconds > 0).all()
     # A tiny model's latency is mostly fixed overhead, so levels it cannot reach are left out, not faked.
     budgeted = pd.read_csv(repo / "reports" / "tiny" / "budgeted_curve.csv")
@@ -117,6 +138,28 @@ def test_experiments_and_diffs_across_commits(repo):
     run(["dvc", "plots", "diff", "-o", "plots_out"], repo)
     page = (repo / "plots_out" / "index.html").read_text()
     assert "vega" in page and not re.search(r"<script[^>]*src=", page)
+    run([*git, "add", "-A"], repo)
+    run([*git, "commit", "-qm", "finer"], repo)
+
+
+def test_a_fresh_clone_reads_metrics_and_plots_from_git_alone(repo, tmp_path):
+    """No DVC cache and no remote: the numbers a reader compares travel with the commits that made them."""
+    if "finer" not in run(["git", "log", "--format=%s"], repo):
+        pytest.skip("needs the two commits of test_experiments_and_diffs_across_commits")
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(repo), str(clone)], tmp_path)
+    assert not (clone / ".dvc" / "cache").exists()
+    shown = run(["dvc", "metrics", "show"], clone)
+    assert "failed" not in shown.lower() and "finetune.json" in shown and "prune.json" in shown
+    diff = json.loads(run(["dvc", "metrics", "diff", "HEAD~1", "--all", "--json"], clone))
+    prune = diff["reports/tiny/prune.json"]
+    assert {"old", "new"} <= set(prune["test.unpruned"]) and prune["test.unpruned"]["old"] is not None
+    plots = json.loads(run(["dvc", "plots", "diff", "HEAD~1", "--json"], clone))
+    assert not plots.get("errors")
+    curve = plots["data"]["reports/tiny/pruning_curve.csv"]
+    assert {"HEAD~1", "workspace"} <= {rev for plot in curve for rev in plot["revisions"]}
+    for table in ("ablation.csv", "one_head.csv", "importance.csv", "recovery.csv", "benchmark.csv"):
+        assert f"reports/tiny/{table}" in plots["data"]
 
 
 def test_invalid_params_stop_the_stage_before_it_writes_anything(repo):

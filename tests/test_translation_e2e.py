@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.tiny_project import MT_COLUMNS, ran_stages, run
+from tests.tiny_project import MT_COLUMNS, ran_stages, run, traced_env, undeclared_params
 
 ROOT = Path(__file__).resolve().parents[1]
 LEXICON = {"the": "el", "cat": "gato", "dog": "perro", "eats": "come", "sees": "ve", "big": "grande",
@@ -47,7 +47,12 @@ def write_pairs(path: Path, n: int = 300) -> None:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
+def trace_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("params-trace")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, trace_dir) -> Path:
     root = tmp_path_factory.mktemp("mt_repo")
     for package in ("pipeline", "stages"):
         shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -58,10 +63,18 @@ def repo(tmp_path_factory) -> Path:
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q"], root)
     shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
-    first = run(["dvc", "repro", "mt/dvc.yaml"], root)
+    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")
+    shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")  # no __pycache__ in the code deps' hashes
+    first = run(["dvc", "repro", "mt/dvc.yaml"], root, traced_env(trace_dir))
     assert [s.removeprefix("mt/dvc.yaml:") for s in ran_stages(first)] == [
         "prepare", "finetune", "ablate", "score", "prune", "benchmark", "report"]
     return root
+
+
+def test_every_stage_declares_the_params_it_reads(repo, trace_dir):
+    stages = yaml.safe_load((repo / "mt/dvc.yaml").read_text())["stages"]
+    assert len(list(trace_dir.glob("*.json"))) == len(stages)
+    assert undeclared_params(repo, "mt/dvc.yaml", trace_dir) == {}
 
 
 def test_training_saves_checkpoints_and_scores_bleu_with_its_signature(repo):

@@ -3,6 +3,7 @@ BERT and a small local CSV in the GLUE schema, in a fresh git + DVC repository."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,6 +15,8 @@ import numpy as np
 import pandas as pd
 import transformers
 import yaml
+
+from pipeline.config.trace import TRACE_ENV
 
 STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +34,9 @@ MT_COLUMNS = {
 WORDS = "good great fine fun superb moving bad awful dull boring weak poor the a film movie plot cast is was".split()
 
 
-def run(cmd: list[str], cwd: Path) -> str:
+def run(cmd: list[str], cwd: Path, extra_env: dict[str, str] | None = None) -> str:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1", "TQDM_DISABLE": "1"}
+           "DVC_NO_ANALYTICS": "1", "TQDM_DISABLE": "1", **(extra_env or {})}
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
@@ -96,6 +99,7 @@ def make_tiny_project(root: Path, extra_files: tuple[str, ...] = (), params: dic
     run(["git", "init", "-q"], root)
     run(["dvc", "init", "-q", "-f"], root)
     shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")  # analytics off, the offline plots template
+    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")  # the tables' plot templates
     (root / "reports").mkdir()
     shutil.copy(ROOT / "reports" / "plots_template.html", root / "reports" / "plots_template.html")
     return root
@@ -104,3 +108,36 @@ def make_tiny_project(root: Path, extra_files: tuple[str, ...] = (), params: dic
 def commit_all(root: Path, message: str) -> None:
     run(["git", "add", "-A"], root)
     run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", message], root)
+
+
+def traced_env(trace_dir: Path) -> dict[str, str]:
+    """Run the stages recording which params each reads (pipeline/config/trace.py)."""
+    return {TRACE_ENV: str(trace_dir)}
+
+
+def undeclared_params(repo: Path, pipeline: str, trace_dir: Path) -> dict[str, list[str]]:
+    """Per stage, the params it read (as traced) that its entry in `pipeline` does not declare. A read of a key
+    that the params file does not set is a default, which DVC has no value of to track, and so is not counted."""
+    stages = yaml.safe_load((repo / pipeline).read_text())["stages"]
+    params_file = (repo / pipeline).parent / "params.yaml"
+    values = yaml.safe_load(params_file.read_text())
+
+    def is_set(key: str) -> bool:
+        node = values
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    missing = {}
+    for name, stage in stages.items():
+        declared: list[str] = []
+        for entry in stage.get("params", []):
+            declared += [entry] if isinstance(entry, str) else [k for keys in entry.values() for k in keys]
+        trace = trace_dir / f"{name}.json"
+        reads = json.loads(trace.read_text()) if trace.exists() else []
+        uncovered = [r for r in reads if is_set(r) and not any(r == d or r.startswith(f"{d}.") for d in declared)]
+        if uncovered:
+            missing[name] = uncovered
+    return missing

@@ -1,6 +1,7 @@
-"""Iterative pruning curves (the paper's Figures 3/4): cumulative removal of the globally least
-important heads, evaluated at each level on every split. Beyond the paper: the budgeted methods of
-`pipeline.methods.budgeted` against the paper's order at equal cost (`budgeted_curves`).
+"""Iterative pruning curves: cumulative removal of the globally least important heads, evaluated at each
+level on every split. The paper's Figures 3/4 (`paper_curves`: one-shot importance, re-estimated importance,
+random orders), Figure 5 (`kind_curves`: one attention kind pruned alone) and Figure 6 (`checkpoint_curves`:
+each training checkpoint pruned by its own importance), and the prunable fraction they summarise.
 
 Every level is evaluated on a physically pruned copy (outputs equal the masked model's; tested in
 the core), which is also faster. Results are memoised by the set of removed heads, so levels that
@@ -10,20 +11,27 @@ several methods share (0% at least) are evaluated once.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import spearmanr
 from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.flops import forward_flops
-from pipeline.core.importance import Head, head_importance, normalize_per_layer, rank_heads, select_heads
+from pipeline.core.importance import (
+    Head,
+    head_importance,
+    normalize_per_layer,
+    random_order,
+    rank_heads,
+    select_heads,
+)
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
-from pipeline.files.schema import TOLERANCE
-from pipeline.methods.budgeted import Batches, BudgetError, UnitCosts, UnitGradients, budgeted_prune
+from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, TOLERANCE, checkpoint_method, kind_method
 from pipeline.tasks.evaluation import TaskEval
 
 Plan = dict[int, list[int]]
@@ -112,6 +120,77 @@ class CurveEvaluator:
         return pd.DataFrame(rows)
 
 
+def importance_by_site(model: nn.Module, table: pd.DataFrame) -> list[torch.Tensor]:
+    """The per-site importance tensors of `model` from an importance table (kind, layer, head, importance)."""
+    scores = []
+    for site in attention_sites(model):
+        rows = table[(table.kind == site.kind) & (table.layer == site.layer)].sort_values("head")
+        if len(rows) != site.num_heads:
+            raise ValueError(f"importance.csv has {len(rows)} heads for {site.name}, the model {site.num_heads}")
+        scores.append(torch.tensor(rows.importance.to_numpy()))
+    return scores
+
+
+def paper_curves(
+    evaluator: CurveEvaluator, order: Sequence[Head], counts: Sequence[int], random_seeds: Sequence[int],
+    min_heads_per_site: int = 0, reestimate_batches: Sequence[Mapping[str, torch.Tensor]] | None = None,
+    normalize_p: float | None = 2.0,
+) -> list[pd.DataFrame]:
+    """Figures 3/4: heads removed in importance order (one-shot), re-estimated before every step (when
+    `reestimate_batches` are given), and in random orders (the mean over `random_seeds`)."""
+    num_heads = [site.num_heads for site in attention_sites(evaluator.model)]
+    curves = [evaluator.curve(IMPORTANCE, plans_from_order(order, num_heads, counts, min_heads_per_site))]
+    if reestimate_batches is not None:
+        plans = reestimated_plans(evaluator.model, reestimate_batches, counts, normalize_p, min_heads_per_site)
+        curves.append(evaluator.curve(REESTIMATED, plans))
+    randoms = [evaluator.curve(RANDOM, plans_from_order(random_order(num_heads, seed), num_heads, counts,
+                                                        min_heads_per_site))
+               for seed in random_seeds]
+    curves.append(mean_over_seeds(randoms, RANDOM))
+    return curves
+
+
+def kind_curves(evaluator: CurveEvaluator, order: Sequence[Head], levels: Sequence[float],
+                min_heads_per_site: int = 0) -> list[pd.DataFrame]:
+    """Figure 5: each attention kind (encoder, decoder, cross) pruned alone, in the global importance order;
+    fraction_pruned is the share of that kind's heads."""
+    sites = attention_sites(evaluator.model)
+    num_heads = [site.num_heads for site in sites]
+    curves = []
+    for kind in dict.fromkeys(site.kind for site in sites):
+        in_kind = [head for head in order if sites[head[0]].kind == kind]
+        counts = [heads_for(level, len(in_kind)) for level in levels]
+        plans = plans_from_order(in_kind, num_heads, counts, min_heads_per_site)
+        curves.append(evaluator.curve(kind_method(kind), plans, of_heads=len(in_kind)))
+    return curves
+
+
+def checkpoint_curves(
+    checkpoints: Mapping[int, Callable[[], nn.Module]], final_evaluator: CurveEvaluator,
+    batches: Sequence[Mapping[str, torch.Tensor]], counts: Sequence[int], final_importance: Sequence[torch.Tensor],
+    normalize_p: float | None = 2.0, min_heads_per_site: int = 0, log: Callable[[str], None] | None = None,
+) -> tuple[list[pd.DataFrame], dict[str, float]]:
+    """Figure 6 (the paper's Section 6): prune each training checkpoint (step -> loader, the last being the
+    final model) by its own importance. Also the Spearman correlation of each checkpoint's importance with
+    the final model's (`final_importance`, per site): does importance form early?"""
+    curves, correlation = [], {}
+    final = torch.cat(list(final_importance))
+    last = max(checkpoints)
+    for step, load in checkpoints.items():
+        model = load()
+        importance = normalize_per_layer(head_importance(model, batches, progress=False), normalize_p)
+        num_heads = [len(t) for t in importance]
+        plans = plans_from_order(rank_heads(importance), num_heads, counts, min_heads_per_site)
+        # The last checkpoint is the final model: its evaluator already holds most of these plans.
+        evaluator = final_evaluator if step == last else CurveEvaluator(model, final_evaluator.evals,
+                                                                        final_evaluator.probe)
+        curves.append(evaluator.curve(checkpoint_method(step), plans))
+        correlation[str(step)] = round(float(spearmanr(torch.cat(importance), final).statistic), 4)
+        if log is not None:
+            log(f"checkpoint {step}, importance rank correlation with the final model {correlation[str(step)]:.2f}")
+    return curves, correlation
+
+
 def mean_over_seeds(curves: Sequence[pd.DataFrame], method: str) -> pd.DataFrame:
     """Average several seeds' curves level by level, with the standard deviation as metric_std."""
     keys = ["split", "fraction_pruned", "heads_pruned", "examples"]
@@ -121,64 +200,6 @@ def mean_over_seeds(curves: Sequence[pd.DataFrame], method: str) -> pd.DataFrame
         fraction_flops_removed=("fraction_flops_removed", "mean")).reset_index()
     out.insert(0, "method", method)
     return out
-
-
-def paper_plan_at_cost(order: Sequence[Head], costs: UnitCosts, keep: float) -> Plan | None:
-    """The paper's method under a cost budget: heads go in importance order (least important first) until
-    the model costs at most `keep` of the unpruned one. None when even removing every head is not enough."""
-    budget, cost, plan = keep * costs.total * (1 + 1e-9), costs.total, {}
-    for site, head in order:
-        if cost <= budget:
-            break
-        plan.setdefault(site, []).append(head)
-        cost -= costs.head[site]
-    return {site: sorted(heads) for site, heads in plan.items()} if cost <= budget else None
-
-
-def budgeted_curves(
-    model: nn.Module, evaluator: CurveEvaluator, gradients: UnitGradients, costs: UnitCosts,
-    paper_order: Sequence[Head], levels: Sequence[float], methods: Sequence[str], tune_batches: Batches,
-    first_token_last_layer: bool, keep_models_at: Sequence[float] = (),
-) -> tuple[pd.DataFrame, dict[str, float], dict[float, nn.Module]]:
-    """The paper's order and each budgeted method at every level (the fraction of the cost removed).
-
-    Returns one row per method, level and split (levels a method cannot reach are left out: pruning heads
-    alone cannot remove the FFNs' share), the seconds each budgeted prune took, and the budgeted-tuned
-    models at `keep_models_at`.
-    """
-    rows: list[dict] = []
-    seconds: dict[str, float] = {}
-    kept_models: dict[float, nn.Module] = {}
-    unpruned = evaluator.evaluate(model)
-
-    def add(method: str, level: float, result: dict, took: float | None = None) -> None:
-        for split in evaluator.evals:
-            rows.append(dict(method=method, split=split, budget_removed=level,
-                             fraction_flops_removed=result["fraction_flops_removed"],
-                             heads_pruned=result["heads_pruned"], neurons_pruned=result["neurons_pruned"],
-                             metric=result[split], examples=len(evaluator.evals[split]), seconds=took))
-
-    all_methods = ["paper", *methods]
-    for method in all_methods:
-        add(method, 0.0, unpruned)
-    for level, method in tqdm([(lv, m) for lv in levels for m in all_methods], desc="prune (budgeted)",
-                              leave=False):
-        if method == "paper":
-            plan = paper_plan_at_cost(paper_order, costs, 1 - level)
-            if plan is not None:
-                add(method, level, evaluator.evaluate(pruned_copy(model, plan)))
-            continue
-        try:
-            result = budgeted_prune(model, gradients, costs, 1 - level, method, tune_batches,
-                                    first_token_last_layer)
-        except BudgetError:
-            continue
-        took = sum(result.seconds.values())
-        seconds[f"{method}@{level:g}"] = round(took, 2)
-        add(method, level, evaluator.evaluate(result.model), took)
-        if method == "budgeted-tuned" and level in keep_models_at:
-            kept_models[level] = result.model
-    return pd.DataFrame(rows), seconds, kept_models
 
 
 def prunable_fraction(
