@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pipeline.files.schema import checkpoint_method
 from pipeline.methods.pruning import prunable_fraction
 from pipeline.report import plots_template
 from pipeline.report.build import build_report
@@ -201,7 +202,7 @@ def test_mt_report_is_kind_aware(tmp_path: Path) -> None:
             "importance-encoder": flat,
             "importance-decoder": flat,
             "importance-cross": cross,
-            "checkpoint-step-1000": [x - 5 for x in flat],
+            checkpoint_method(1000): [x - 5 for x in flat],
         },
     )
     build_report(tmp_path, "MT")
