@@ -1,4 +1,4 @@
-"""The report's sections.
+"""The report's sections, each headed by the paper's artefact it reproduces (or "Beyond the paper").
 
 A section adds its heading, text, tables and figures to the document, or nothing when its inputs are missing.
 `SECTIONS` is the report's order.
@@ -56,37 +56,46 @@ def _setup(doc: Doc, inp: Inputs) -> None:
         doc.p(f"Data attribution: {ft['data_attribution']}")
 
 
-def _curve_groups(curve: pd.DataFrame) -> list[tuple[str, str, list[str]]]:
-    """The pruning-curve figures as (file stem, title, methods), empty ones left out: the importance order
-    against its baselines, one attention kind pruned at a time (MT), and training checkpoints (MT)."""
+def _curve_groups(curve: pd.DataFrame) -> list[tuple[str | None, str, str, list[str]]]:
+    """The pruning-curve figures as (heading, file stem, title, methods), empty ones left out.
+
+    The importance order against its baselines is Figures 3/4 (under the section's own heading: None); one
+    attention kind pruned at a time is Figure 5 (MT), and training checkpoints pruned by their own importance
+    are Figure 6 (MT).
+    """
     methods = list(dict.fromkeys(curve["method"]))
     per_kind = [m for m in methods if m in KIND_METHODS]
     dynamics = sorted((m for m in methods if checkpoint_of(m) is not None), key=checkpoint_of)
     main = [m for m in methods if m not in per_kind and m not in dynamics]
-    groups = [("pruning_curve", "Pruning heads in order of importance vs. baselines", main)]
+    groups = [(None, "pruning_curve", "Pruning heads in order of importance vs. baselines", main)]
     if per_kind:
         by_kind = per_kind + ([IMPORTANCE] if IMPORTANCE in methods else [])
-        groups.append(("pruning_by_kind", "Pruning one attention kind at a time", by_kind))
+        groups.append(("Figure 5: pruning by attention kind", "pruning_by_kind",
+                       "Pruning one attention kind at a time", by_kind))
     if dynamics:
-        groups.append(("pruning_during_training", "Pruning at different training checkpoints", dynamics))
-    return [g for g in groups if g[2]]
+        groups.append(("Figure 6: importance during training", "pruning_during_training",
+                       "Pruning at different training checkpoints", dynamics))
+    return [g for g in groups if g[3]]
 
 
 def _pruning_curves(doc: Doc, inp: Inputs) -> None:
     curve = inp.curve
     if curve is None:
         return
-    doc.h(1, "Pruning curves")
+    doc.h(1, "Figures 3/4: iterative pruning")
     if "examples" in curve:
         sizes = curve.groupby("split", sort=False)["examples"].first()
         doc.p("Every level is evaluated on " + " and ".join(f"{int(n)} {s}" for s, n in sizes.items())
               + " examples.")
     groups = _curve_groups(curve)
-    for name, title, methods in groups:
+    for heading, name, title, methods in groups:
+        if heading is not None:
+            doc.h(1, heading)
         png = figures.curves(inp, curve, methods, "fraction_pruned", "heads pruned (% of all heads)", title)
         doc.figure(f"{name}.png", png, f"{title}: {inp.metric_name} vs. share of heads pruned.")
     if "fraction_flops_removed" in curve and curve["fraction_flops_removed"].notna().any():
-        png = figures.curves(inp, curve, groups[0][2], "fraction_flops_removed", "inference FLOPs removed (%)",
+        doc.h(1, "Beyond the paper: pruning curves against FLOPs removed")
+        png = figures.curves(inp, curve, groups[0][3], "fraction_flops_removed", "inference FLOPs removed (%)",
                              "Accuracy vs. compute removed")
         doc.figure("pruning_curve_flops.png", png, f"{inp.metric_name} vs. share of inference FLOPs removed.")
 
@@ -133,7 +142,7 @@ def _importance(doc: Doc, inp: Inputs) -> None:
     df = inp.importance
     if df is None:
         return
-    doc.h(1, "Head importance")
+    doc.h(1, "Head importance: the order of Figures 3/4")
     frames = {k: df[df["kind"] == k] for k in kinds_in(df)}
     png = figures.heatmaps(
         frames, "importance", "importance (normalised per layer)", "Head importance scores", diverging=False
@@ -145,7 +154,7 @@ def _single_head_ablation(doc: Doc, inp: Inputs) -> None:
     df = inp.ablation
     if df is None:
         return
-    doc.h(1, "Single-head ablation")
+    doc.h(1, "Table 1: single-head ablation")
     sig = df[df["p_value"] < ALPHA]
     frames = {k: df[df["kind"] == k] for k in kinds_in(df)}
     marks = {k: sig[sig["kind"] == k] for k in frames}
@@ -195,7 +204,7 @@ def _one_head_per_layer(doc: Doc, inp: Inputs) -> None:
     df = inp.one_head
     if df is None:
         return
-    doc.h(1, "Keeping only one head per layer")
+    doc.h(1, "Tables 2/3: one head per layer")
     kinds = kinds_in(df)
     df = df.assign(_rank=df["kind"].map(kinds.index)).sort_values(["_rank", "layer"])
     worst = df.loc[df["delta"].idxmin()]
@@ -220,7 +229,7 @@ def _recovery(doc: Doc, inp: Inputs) -> None:
     rec = inp.recovery
     if rec is None:
         return
-    doc.h(1, "Fine-tuning after pruning")
+    doc.h(1, "Beyond the paper: fine-tuning after pruning")
     rec = rec.sort_values("fraction_pruned")
     doc.figure("recovery.png", figures.recovery(inp, rec),
                f"{inp.metric_name} of pruned models before and after fine-tuning.")
@@ -240,7 +249,7 @@ def _speed(doc: Doc, inp: Inputs) -> None:
     bench = inp.benchmark
     if bench is None:
         return
-    doc.h(1, "Inference speed")
+    doc.h(1, "Table 4: inference speed")
     doc.figure("speedup.png", figures.speedup(bench),
                "Throughput speedup of the physically pruned model; dashed: ideal speedup.")
 
