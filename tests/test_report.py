@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pipeline.files.schema import IMPORTANCE, KINDS, checkpoint_method, kind_method
 from pipeline.methods.pruning import prunable_fraction
 from pipeline.report import plots_template
 from pipeline.report.build import build_report
@@ -96,12 +97,12 @@ def test_full_report(tmp_path: Path) -> None:
         "# BERT on MNLI",
         "## Compared with the paper",
         "## Setup",
-        "## Pruning curves",
+        "## Figures 3/4: iterative pruning",
         "## Head importance",
-        "## Single-head ablation",
-        "## Keeping only one head per layer",
-        "## Fine-tuning after pruning",
-        "## Inference speed",
+        "## Table 1: single-head ablation",
+        "## Tables 2/3: one head per layer",
+        "## Beyond the paper: fine-tuning after pruning",
+        "## Table 4: inference speed",
     ):
         assert heading in md
     for name in figures:
@@ -156,15 +157,8 @@ def test_missing_files_are_skipped(tmp_path: Path) -> None:
     _write_curve(tmp_path, {"importance": IMPORTANCE_TEST}, splits=("dev",))
     build_report(tmp_path, "only a curve")
     md = (tmp_path / "report.md").read_text()
-    assert "## Pruning curves" in md and "up to 30% of heads on dev" in md
-    for absent in (
-        "## Setup",
-        "## Head importance",
-        "## Single-head ablation",
-        "## Inference speed",
-        "## Fine-tuning after pruning",
-        "## Keeping only one head",
-    ):
+    assert "## Figures 3/4: iterative pruning" in md and "up to 30% of heads on dev" in md
+    for absent in ("## Setup", "## Head importance", "## Table 1", "## Tables 2/3", "## Table 4", "fine-tuning after"):
         assert absent not in md
     assert {p.name for p in (tmp_path / "figures").glob("*.png")} == {"pruning_curve.png"}
 
@@ -183,27 +177,30 @@ def test_malformed_csv_is_an_error(tmp_path: Path) -> None:
         build_report(tmp_path, "t")
 
 
-def test_mt_report_is_kind_aware(tmp_path: Path) -> None:
-    (tmp_path / "finetune.json").write_text(
+def _write_mt(report_dir: Path) -> None:
+    (report_dir / "finetune.json").write_text(
         json.dumps({"metric": "bleu", "dev": 27.0, "test": 26.0, "model": "transformer", "data": "wmt14 en-de"})
     )
-    kinds = ("encoder", "decoder", "cross")
     pd.DataFrame(
-        [(k, lay, h, 26.0, 0.0, 0.9) for k in kinds for lay in range(2) for h in range(2)],
+        [(k, lay, h, 26.0, 0.0, 0.9) for k in KINDS for lay in range(2) for h in range(2)],
         columns=["kind", "layer", "head", "metric", "delta", "p_value"],
-    ).to_csv(tmp_path / "ablation.csv", index=False)
+    ).to_csv(report_dir / "ablation.csv", index=False)
     flat = [26.0 - 2 * f for f in FRACTIONS]
     cross = [26.0 - 2 * f if f <= 0.6 else 10.0 for f in FRACTIONS]
     _write_curve(
-        tmp_path,
+        report_dir,
         {
-            "importance": flat,
-            "importance-encoder": flat,
-            "importance-decoder": flat,
-            "importance-cross": cross,
-            "checkpoint-step-1000": [x - 5 for x in flat],
+            IMPORTANCE: flat,
+            kind_method("encoder"): flat,
+            kind_method("decoder"): flat,
+            kind_method("cross"): cross,
+            checkpoint_method(1000): [x - 5 for x in flat],
         },
     )
+
+
+def test_mt_report_is_kind_aware(tmp_path: Path) -> None:
+    _write_mt(tmp_path)
     build_report(tmp_path, "MT")
     md = (tmp_path / "report.md").read_text()
     paper = _paper_section(md)
@@ -218,6 +215,33 @@ def test_mt_report_is_kind_aware(tmp_path: Path) -> None:
         "pruning_during_training.png",
         "ablation.png",
     } <= figures
+
+
+def _headings(md: str) -> list[str]:
+    return [line.removeprefix("## ") for line in md.splitlines() if line.startswith("## ")]
+
+
+def test_headings_name_the_papers_artefacts(tmp_path: Path) -> None:
+    (tmp_path / "bert").mkdir()
+    _write_bert(tmp_path / "bert")
+    build_report(tmp_path / "bert", "BERT")
+    bert = _headings((tmp_path / "bert" / "report.md").read_text())
+    for artefact in ("Table 1:", "Tables 2/3:", "Figures 3/4:", "Table 4:"):
+        assert any(h.startswith(artefact) for h in bert), artefact
+    # Figures 5 and 6 are the MT experiments' (attention kinds, training checkpoints).
+    assert not any(h.startswith(("Figure 5", "Figure 6")) for h in bert)
+    assert "Beyond the paper: fine-tuning after pruning" in bert
+
+    (tmp_path / "mt").mkdir()
+    _write_mt(tmp_path / "mt")
+    build_report(tmp_path / "mt", "MT")
+    mt = _headings((tmp_path / "mt" / "report.md").read_text())
+    for artefact in ("Table 1:", "Figures 3/4:", "Figure 5:", "Figure 6:"):
+        assert any(h.startswith(artefact) for h in mt), artefact
+    # Each figure sits under its own heading, in the paper's order.
+    figures = [h for h in mt if h.startswith("Figure")]
+    assert figures == ["Figures 3/4: iterative pruning", "Figure 5: pruning by attention kind",
+                       "Figure 6: importance during training"]
 
 
 def test_figures_are_deterministic(tmp_path: Path) -> None:

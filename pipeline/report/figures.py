@@ -1,0 +1,205 @@
+"""The report's figures, drawn with matplotlib and returned as PNG bytes.
+
+Identical inputs give byte-identical PNGs, so DVC's hashes of figures/ only move when the numbers do.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless; must precede the pyplot import
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from pipeline.files.schema import KIND_LABELS, RANDOM, TOLERANCE  # noqa: E402
+from pipeline.report.inputs import Inputs, budgeted_at, checkpoint_of, splits_in, unpruned  # noqa: E402
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    # No "Software" metadata: identical inputs give byte-identical PNGs (stable DVC hashes).
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _style(method: str, index: int, n_dynamics: int = 0) -> dict:
+    if method == RANDOM:
+        return {"color": "0.45", "ls": "--", "marker": "s"}
+    if checkpoint_of(method) is not None and n_dynamics:
+        # Early -> late checkpoint as dark -> light; stop before viridis' pale yellow end.
+        return {"color": plt.cm.viridis(0.85 * index / max(1, n_dynamics - 1)), "ls": "-", "marker": "."}
+    return {"color": f"C{index % 10}", "ls": "-", "marker": "o"}
+
+
+def _tolerance_line(ax: plt.Axes, base: float, inp: Inputs) -> None:
+    ax.axhline(base - TOLERANCE, color="0.6", lw=0.8, ls=":", label=f"unpruned - {TOLERANCE:g} {inp.point}")
+
+
+def heatmaps(
+    frames: dict[str, pd.DataFrame],
+    value: str,
+    cbar_label: str,
+    title: str,
+    diverging: bool,
+    marks: dict[str, pd.DataFrame] | None = None,
+) -> bytes:
+    """One layer x head heatmap per kind, side by side, sharing one colour scale; `marks` boxes heads with a *."""
+    kinds = list(frames)
+    grids = {k: df.pivot_table(index="layer", columns="head", values=value, aggfunc="mean") for k, df in frames.items()}
+    n_heads = max(g.shape[1] for g in grids.values())
+    n_layers = max(g.shape[0] for g in grids.values())
+    width = min(6.0, 1.0 + 0.4 * n_heads)
+    fig, axes = plt.subplots(
+        1,
+        len(kinds),
+        figsize=(width * len(kinds) + 0.6, 0.9 + 0.38 * n_layers),
+        squeeze=False,
+        layout="constrained",
+    )
+    values = np.concatenate([g.to_numpy().ravel() for g in grids.values()])
+    values = values[np.isfinite(values)]
+    if diverging:
+        # Symmetric around 0 so white means "no change"; red = worse after removal, blue = better.
+        vmax = float(np.max(np.abs(values))) if values.size else 0.0
+        vmax = vmax or 1.0
+        vmin, cmap = -vmax, "RdBu"
+    else:
+        vmin, vmax, cmap = float(values.min()), float(values.max()), "viridis"
+    image = None
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        grid = grids[kind]
+        image = ax.imshow(grid.to_numpy(), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+        ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns], fontsize=7)
+        ax.set_yticks(range(grid.shape[0]), [str(r) for r in grid.index], fontsize=7)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(KIND_LABELS.get(kind, kind) if len(kinds) > 1 else title, fontsize=10)
+        if marks is not None and kind in marks:
+            rows, cols = list(grid.index), list(grid.columns)
+            for r in marks[kind].itertuples(index=False):
+                y, x = rows.index(r.layer), cols.index(r.head)
+                ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.5))
+                ax.text(x, y, "*", ha="center", va="center", fontsize=9, color="black")
+    if len(kinds) > 1:
+        fig.suptitle(title)
+    fig.colorbar(image, ax=axes[0].tolist(), label=cbar_label, shrink=0.9)
+    return _png(fig)
+
+
+def curves(inp: Inputs, curve: pd.DataFrame, methods: list[str], x: str, xlabel: str, title: str) -> bytes:
+    """The metric of each method against `x` (share of heads pruned or of FLOPs removed), one panel per split."""
+    splits = splits_in(curve)
+    fig, axes = plt.subplots(
+        1, len(splits), figsize=(6.0 * len(splits), 4.3), squeeze=False, sharey=True, layout="constrained"
+    )
+    n_dyn = sum(checkpoint_of(m) is not None for m in methods)
+    for ax, split in zip(axes[0], splits, strict=True):
+        part = curve[curve["split"] == split]
+        for i, method in enumerate(methods):
+            rows = part[part["method"] == method].dropna(subset=[x]).sort_values(x)
+            if rows.empty:
+                continue
+            style = _style(method, i, n_dyn)
+            ax.plot(100 * rows[x], rows["metric"], label=method, ms=3.5, lw=1.5, **style)
+            if "metric_std" in rows and rows["metric_std"].notna().any():
+                std = rows["metric_std"].fillna(0)
+                ax.fill_between(
+                    100 * rows[x],
+                    rows["metric"] - std,
+                    rows["metric"] + std,
+                    color=style["color"],
+                    alpha=0.15,
+                    lw=0,
+                )
+        # Checkpoint curves start from different models, so a shared "unpruned" line would mislead.
+        base = None if n_dyn else unpruned(part[part["method"].isin(methods)])
+        if base is not None:
+            _tolerance_line(ax, base, inp)
+        ax.set_title(f"{split} split")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(inp.metric_label)
+        if x == "fraction_pruned":
+            ax.set_xlim(-2, 102)  # same axes as the paper's figures; FLOPs removed stays autoscaled
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="lower left")
+    fig.suptitle(title)
+    return _png(fig)
+
+
+def budgeted(inp: Inputs, curve: pd.DataFrame, methods: list[str]) -> bytes:
+    """The metric of each budgeted method against the share of the cost removed, one panel per split."""
+    splits = splits_in(curve)
+    cost = inp.budget_name
+    fig, axes = plt.subplots(1, len(splits), figsize=(6.0 * len(splits), 4.3), squeeze=False, sharey=True,
+                             layout="constrained")
+    for ax, split in zip(axes[0], splits, strict=True):
+        part = curve[curve["split"] == split]
+        for i, method in enumerate(methods):
+            rows = part[part["method"] == method].sort_values("budget_removed")
+            ax.plot(100 * rows["budget_removed"], rows["metric"], label=method, ms=3.5, lw=1.5, **_style(method, i))
+        base = budgeted_at(curve, split, methods[0], 0.0)
+        if base is not None:
+            _tolerance_line(ax, base, inp)
+        ax.set_title(f"{split} split")
+        ax.set_xlabel(f"{cost} removed (% of the model's)")
+        ax.set_ylabel(inp.metric_label)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"Accuracy at equal {cost}")
+    return _png(fig)
+
+
+def recovery(inp: Inputs, rec: pd.DataFrame) -> bytes:
+    """The metric of each pruned model before and after fine-tuning; `rec` sorted by fraction pruned."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    x = 100 * rec["fraction_pruned"]
+    ax.plot(x, rec["metric_before"], "o--", color="C3", label="pruned, before fine-tuning")
+    ax.plot(x, rec["metric_after"], "o-", color="C2", label="pruned, after fine-tuning")
+    ax.fill_between(x, rec["metric_before"], rec["metric_after"], color="C2", alpha=0.12, lw=0)
+    ax.set_xlabel("heads pruned (% of all heads)")
+    ax.set_ylabel(inp.metric_label)
+    ax.set_title("Recovery by fine-tuning after pruning")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def speedup(bench: pd.DataFrame) -> bytes:
+    """Measured and ideal throughput speedup against the share of heads pruned, one panel per attention."""
+    impls = list(dict.fromkeys(bench["attn_implementation"]))
+    fig, axes = plt.subplots(
+        1, len(impls), figsize=(6.0 * len(impls), 4.3), squeeze=False, sharey=True, layout="constrained"
+    )
+    for ax, impl in zip(axes[0], impls, strict=True):
+        part = bench[bench["attn_implementation"] == impl]
+        for i, (bs, rows) in enumerate(part.groupby("batch_size")):
+            rows = rows.sort_values("fraction_pruned")
+            ax.plot(100 * rows["fraction_pruned"], rows["speedup"], "o-", color=f"C{i}", label=f"batch {bs}")
+        ideal = part.groupby("fraction_pruned")["ideal_speedup"]
+        if (ideal.max() - ideal.min()).max() < 1e-6:  # same for every batch size: draw it once
+            ideal = ideal.mean()
+            ax.plot(100 * ideal.index, ideal.to_numpy(), "k--", lw=1.2, label="ideal")
+        else:
+            for i, (_, rows) in enumerate(part.groupby("batch_size")):
+                rows = rows.sort_values("fraction_pruned")
+                ax.plot(
+                    100 * rows["fraction_pruned"],
+                    rows["ideal_speedup"],
+                    "--",
+                    color=f"C{i}",
+                    lw=1,
+                    label="ideal" if i == 0 else None,
+                )
+        ax.axhline(1.0, color="0.6", lw=0.8)
+        ax.set_title(f"attention: {impl}")
+        ax.set_xlabel("heads pruned (% of all heads)")
+        ax.set_ylabel("speedup (x, throughput vs. unpruned)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Measured vs. ideal inference speedup")
+    return _png(fig)

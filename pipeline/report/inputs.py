@@ -1,0 +1,177 @@
+"""The report's inputs: the tables and summaries the stages wrote to reports/<experiment>/, read and checked.
+
+Every input file is optional; a section whose file is missing (or empty) is skipped. Metrics are in
+percent (0-100) or BLEU points, so "1 point" is 1.0 everywhere.
+
+Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the required ones):
+    finetune.json       {"metric", "dev", "test", "model", "data", optional "data_attribution"}
+    prune.json          {optional "budgeted": {"budget", "seconds"},
+                         optional "importance_rank_correlation_with_final": {step: rho}}
+    importance.csv      kind, layer, head, importance            (per-layer normalised)
+    ablation.csv        kind, layer, head, metric, delta, p_value [, examples]
+                        (one head masked; delta = masked - full)
+    one_head.csv        kind, layer, best_head, metric, delta    (only one head kept in a layer)
+    pruning_curve.csv   method, split, fraction_pruned, metric [, heads_pruned, metric_std,
+                        fraction_flops_removed, examples]
+    recovery.csv        fraction_pruned, metric_before, metric_after
+    benchmark.csv       fraction_pruned, batch_size, attn_implementation, examples_per_s, speedup,
+                        ideal_speedup [, params, tokens_per_s, weights_mb, activations_mb, peak_memory_mb]
+                        (speedup = throughput ratio pruned / unpruned, 1.0 = no change)
+    budgeted_curve.csv  method, split, budget_removed, fraction_flops_removed, heads_pruned,
+                        neurons_pruned, metric, examples, seconds   (the paper's order and Kwon-style budgets)
+    benchmark_budgeted.csv  attn_implementation, batch_size, budget_removed, examples_per_s, speedup,
+                        ideal_speedup, params
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.files.schema import BLEU, EVAL_SPLITS, KINDS, TABLE_COLUMNS, checkpoint_method, kind_method
+
+ENCODER, DECODER, CROSS = KINDS
+DEV, TEST = EVAL_SPLITS  # the headline numbers are on test, as the paper's are
+KIND_METHODS = {kind_method(kind): kind for kind in KINDS}  # Figure 5's curves: one attention kind pruned alone
+
+
+def checkpoint_of(method: str) -> int | None:
+    """The training step of a checkpoint curve's method (Figure 6), or None for any other method."""
+    digits = method[len(method.rstrip("0123456789")):]
+    # Inverting schema's own name keeps one definition of the format.
+    return int(digits) if digits and method == checkpoint_method(int(digits)) else None
+
+
+def kinds_in(df: pd.DataFrame) -> list[str]:
+    """The attention kinds present in a table: the schema's order first, then any other."""
+    present = list(dict.fromkeys(df["kind"]))
+    return [k for k in KINDS if k in present] + [k for k in present if k not in KINDS]
+
+
+def splits_in(df: pd.DataFrame) -> list[str]:
+    """The splits present in a table: dev, test, then any other alphabetically."""
+    present = list(dict.fromkeys(df["split"]))
+    return [s for s in EVAL_SPLITS if s in present] + sorted(s for s in present if s not in EVAL_SPLITS)
+
+
+def rows_at(df: pd.DataFrame, column: str, value: float) -> pd.DataFrame:
+    """Rows whose float column equals value (fractions come from CSV, so compare with a tolerance)."""
+    return df[np.isclose(df[column].astype(float), value, atol=1e-6)]
+
+
+def unpruned(part: pd.DataFrame) -> float | None:
+    """Unpruned metric for one split: the fraction-0 rows (all methods agree there; take the mean)."""
+    rows = rows_at(part, "fraction_pruned", 0.0)
+    return float(rows["metric"].mean()) if not rows.empty else None
+
+
+def budgeted_at(curve: pd.DataFrame, split: str, method: str, level: float) -> float | None:
+    """A budgeted-curve method's metric with `level` of the cost removed (None: the level is out of its reach)."""
+    rows = rows_at(curve[(curve["split"] == split) & (curve["method"] == method)], "budget_removed", level)
+    return float(rows["metric"].iloc[0]) if not rows.empty else None
+
+
+def _read_csv(report_dir: Path, name: str) -> pd.DataFrame | None:
+    path = report_dir / name
+    if not path.is_file():
+        return None
+    df = pd.read_csv(path)
+    if df.empty:
+        return None
+    missing = [c for c in TABLE_COLUMNS[name] if c not in df.columns]
+    if missing:
+        # A malformed file is a bug upstream; a silently skipped section would hide it.
+        raise ValueError(f"{path}: missing columns {missing}")
+    return df
+
+
+@dataclass
+class Inputs:
+    finetune: dict | None = None
+    importance: pd.DataFrame | None = None
+    ablation: pd.DataFrame | None = None
+    one_head: pd.DataFrame | None = None
+    curve: pd.DataFrame | None = None
+    recovery: pd.DataFrame | None = None
+    benchmark: pd.DataFrame | None = None
+    prune: dict | None = None
+    budgeted: pd.DataFrame | None = None
+    benchmark_budgeted: pd.DataFrame | None = None
+
+    @classmethod
+    def load(cls, report_dir: Path) -> Inputs:
+        def read_json(name: str) -> dict | None:
+            path = report_dir / name
+            return json.loads(path.read_text()) if path.is_file() else None
+
+        return cls(
+            finetune=read_json("finetune.json"),
+            prune=read_json("prune.json"),
+            importance=_read_csv(report_dir, "importance.csv"),
+            ablation=_read_csv(report_dir, "ablation.csv"),
+            one_head=_read_csv(report_dir, "one_head.csv"),
+            curve=_read_csv(report_dir, "pruning_curve.csv"),
+            recovery=_read_csv(report_dir, "recovery.csv"),
+            benchmark=_read_csv(report_dir, "benchmark.csv"),
+            budgeted=_read_csv(report_dir, "budgeted_curve.csv"),
+            benchmark_budgeted=_read_csv(report_dir, "benchmark_budgeted.csv"),
+        )
+
+    @property
+    def is_bleu(self) -> bool:
+        return str((self.finetune or {}).get("metric", "")).lower() == BLEU
+
+    @property
+    def metric_name(self) -> str:
+        return "BLEU" if self.is_bleu else str((self.finetune or {}).get("metric", "metric"))
+
+    @property
+    def metric_label(self) -> str:
+        """Axis label with unit."""
+        return "BLEU" if self.is_bleu else f"{self.metric_name} (%)"
+
+    @property
+    def points(self) -> str:
+        return "BLEU points" if self.is_bleu else "points"
+
+    @property
+    def point(self) -> str:
+        return "BLEU point" if self.is_bleu else "point"
+
+    @property
+    def is_mt(self) -> bool:
+        """Encoder-decoder experiment: decides which of the paper's numbers we compare against."""
+        present: set[str] = set()
+        for df in (self.importance, self.ablation, self.one_head):
+            if df is not None:
+                present |= set(df["kind"])
+        methods = set(self.curve["method"]) if self.curve is not None else set()
+        return self.is_bleu or bool(present & {DECODER, CROSS}) or bool(methods & KIND_METHODS.keys())
+
+    @property
+    def task(self) -> str | None:
+        """Which of the paper's tasks this run corresponds to, from finetune.json's "data"."""
+        data = str((self.finetune or {}).get("data", "")).lower()
+        if "mnli" in data:
+            return "MNLI"
+        if "sst" in data:
+            return "SST-2"
+        if "wmt" in data or self.is_mt:
+            return "WMT"
+        return None
+
+    @property
+    def budget_name(self) -> str:
+        """The cost the budgeted methods cut, as the report says it: "FLOPs" or "latency"."""
+        return "latency" if ((self.prune or {}).get("budgeted") or {}).get("budget") == "latency" else "FLOPs"
+
+    @property
+    def whole_prune_seconds(self) -> float | None:
+        """Seconds of one whole budgeted-tuned prune, Fisher pass to tuned model (None: not measured)."""
+        seconds = ((self.prune or {}).get("budgeted") or {}).get("seconds") or {}
+        whole = [v for k, v in seconds.items() if k.startswith("whole_prune@")]
+        return float(whole[0]) if whole else None

@@ -1,0 +1,298 @@
+"""The report's sections, each headed by the paper's artefact it reproduces (or "Beyond the paper").
+
+A section adds its heading, text, tables and figures to the document, or nothing when its inputs are missing.
+`SECTIONS` is the report's order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+
+from pipeline.files.schema import (
+    ALPHA,
+    BUDGETED,
+    BUDGETED_HEADS,
+    BUDGETED_METHODS,
+    BUDGETED_TUNED,
+    EVAL_SPLITS,
+    IMPORTANCE,
+    KIND_LABELS,
+    PAPER,
+)
+from pipeline.report import figures
+from pipeline.report.document import Doc, num, pct, signed
+from pipeline.report.inputs import (
+    KIND_METHODS,
+    TEST,
+    Inputs,
+    budgeted_at,
+    checkpoint_of,
+    kinds_in,
+    splits_in,
+)
+from pipeline.report.paper import budgeted_sentences, compared_with_paper, side_by_side, table4
+
+
+def _compared_with_paper(doc: Doc, inp: Inputs) -> None:
+    sentences = compared_with_paper(inp)
+    if sentences:
+        doc.h(1, "Compared with the paper")
+        doc.ul(sentences)
+
+
+def _setup(doc: Doc, inp: Inputs) -> None:
+    ft = inp.finetune
+    if not ft:
+        return
+    doc.h(1, "Setup")
+    items = [f"Model: {ft['model']}" if "model" in ft else "", f"Data: {ft['data']}" if "data" in ft else ""]
+    for split in EVAL_SPLITS:
+        if split in ft:
+            items.append(f"Unpruned {split} {inp.metric_name}: {num(float(ft[split]))}")
+    doc.ul([i for i in items if i])
+    if ft.get("data_attribution"):
+        doc.p(f"Data attribution: {ft['data_attribution']}")
+
+
+def _curve_groups(curve: pd.DataFrame) -> list[tuple[str | None, str, str, list[str]]]:
+    """The pruning-curve figures as (heading, file stem, title, methods), empty ones left out.
+
+    The importance order against its baselines is Figures 3/4 (under the section's own heading: None); one
+    attention kind pruned at a time is Figure 5 (MT), and training checkpoints pruned by their own importance
+    are Figure 6 (MT).
+    """
+    methods = list(dict.fromkeys(curve["method"]))
+    per_kind = [m for m in methods if m in KIND_METHODS]
+    dynamics = sorted((m for m in methods if checkpoint_of(m) is not None), key=checkpoint_of)
+    main = [m for m in methods if m not in per_kind and m not in dynamics]
+    groups = [(None, "pruning_curve", "Pruning heads in order of importance vs. baselines", main)]
+    if per_kind:
+        by_kind = per_kind + ([IMPORTANCE] if IMPORTANCE in methods else [])
+        groups.append(("Figure 5: pruning by attention kind", "pruning_by_kind",
+                       "Pruning one attention kind at a time", by_kind))
+    if dynamics:
+        groups.append(("Figure 6: importance during training", "pruning_during_training",
+                       "Pruning at different training checkpoints", dynamics))
+    return [g for g in groups if g[3]]
+
+
+def _pruning_curves(doc: Doc, inp: Inputs) -> None:
+    curve = inp.curve
+    if curve is None:
+        return
+    doc.h(1, "Figures 3/4: iterative pruning")
+    if "examples" in curve:
+        sizes = curve.groupby("split", sort=False)["examples"].first()
+        doc.p("Every level is evaluated on " + " and ".join(f"{int(n)} {s}" for s, n in sizes.items())
+              + " examples.")
+    groups = _curve_groups(curve)
+    for heading, name, title, methods in groups:
+        if heading is not None:
+            doc.h(1, heading)
+        png = figures.curves(inp, curve, methods, "fraction_pruned", "heads pruned (% of all heads)", title)
+        doc.figure(f"{name}.png", png, f"{title}: {inp.metric_name} vs. share of heads pruned.")
+    if "fraction_flops_removed" in curve and curve["fraction_flops_removed"].notna().any():
+        doc.h(1, "Beyond the paper: pruning curves against FLOPs removed")
+        png = figures.curves(inp, curve, groups[0][3], "fraction_flops_removed", "inference FLOPs removed (%)",
+                             "Accuracy vs. compute removed")
+        doc.figure("pruning_curve_flops.png", png, f"{inp.metric_name} vs. share of inference FLOPs removed.")
+
+
+def _budgeted(doc: Doc, inp: Inputs) -> None:
+    curve = inp.budgeted
+    if curve is None:
+        return
+    methods = [m for m in (PAPER, *BUDGETED_METHODS) if m in set(curve["method"])]
+    splits = splits_in(curve)
+    cost = inp.budget_name
+    doc.h(1, f"Beyond the paper: heads and FFN neurons under a {cost} budget")
+    doc.p("The paper prunes heads only, ranks them by |gradient| and never retrains. Kwon et al. (2022) prune "
+          "heads and FFN neurons jointly under a FLOP or latency budget, also without retraining: choose by "
+          "Fisher importance, rearrange within each layer, then tune the kept units' scales by least squares. "
+          f"Here each method removes the same share of the model's {cost}; `{PAPER}` removes heads in the paper's "
+          f"importance order until the model fits. `{BUDGETED_HEADS}` is Fisher on heads only, `{BUDGETED}` adds "
+          f"FFN neurons, `{BUDGETED_TUNED}` adds the tuning.")
+    doc.figure("budgeted.png", figures.budgeted(inp, curve, methods),
+               f"{inp.metric_name} of each method at the same share of {cost} removed.")
+
+    split = TEST if TEST in splits else splits[-1]
+    levels = sorted(set(curve["budget_removed"]) - {0.0})
+    table = {f"{cost} removed": [pct(lv) for lv in levels]}
+    for method in methods:
+        table[method] = [num(v) if (v := budgeted_at(curve, split, method, lv)) is not None else "out of reach"
+                         for lv in levels]
+    if {PAPER, BUDGETED_TUNED} <= set(methods):
+        margins = []
+        for lv in levels:
+            ours, theirs = budgeted_at(curve, split, BUDGETED_TUNED, lv), budgeted_at(curve, split, PAPER, lv)
+            margins.append(signed(ours - theirs) if ours is not None and theirs is not None else "")
+        table[f"{BUDGETED_TUNED} - {PAPER}"] = margins
+    examples = int(curve[curve["split"] == split]["examples"].iloc[0]) if "examples" in curve else None
+    doc.h(2, f"{inp.metric_name} on {split}" + (f" ({examples} examples)" if examples else ""))
+    doc.table(pd.DataFrame(table))
+    doc.ul(budgeted_sentences(inp, split))
+
+    doc.h(2, "Side by side: the paper, Kwon et al.'s reported numbers, and this run")
+    doc.table(side_by_side(inp, split))
+
+
+def _importance(doc: Doc, inp: Inputs) -> None:
+    df = inp.importance
+    if df is None:
+        return
+    doc.h(1, "Head importance: the order of Figures 3/4")
+    frames = {k: df[df["kind"] == k] for k in kinds_in(df)}
+    png = figures.heatmaps(
+        frames, "importance", "importance (normalised per layer)", "Head importance scores", diverging=False
+    )
+    doc.figure("importance.png", png, "Head importance (proxy score, normalised within each layer), layer x head.")
+
+
+def _single_head_ablation(doc: Doc, inp: Inputs) -> None:
+    df = inp.ablation
+    if df is None:
+        return
+    doc.h(1, "Table 1: single-head ablation")
+    sig = df[df["p_value"] < ALPHA]
+    frames = {k: df[df["kind"] == k] for k in kinds_in(df)}
+    marks = {k: sig[sig["kind"] == k] for k in frames}
+    png = figures.heatmaps(
+        frames,
+        "delta",
+        f"change in {inp.metric_label} when the head is removed",
+        "Effect of removing one head",
+        diverging=True,
+        marks=marks,
+    )
+    doc.figure(
+        "ablation.png",
+        png,
+        f"Change in {inp.metric_name} when a single head is masked (red: worse, blue: better); "
+        f"boxed * = significant at p < {ALPHA}.",
+    )
+    improving = int((sig["delta"] > 0).sum())
+    on = f" on {int(df['examples'].iloc[0])} examples" if "examples" in df else ""
+    doc.p(
+        f"Evaluated{on}: {len(sig)} of {len(df)} single-head removals change {inp.metric_name} significantly "
+        f"(p < {ALPHA}, uncorrected), {improving} of them for the better. With {len(df)} tests about "
+        f"{ALPHA * len(df):.0f} would be expected at this level by chance alone."
+    )
+
+    def fmt(rows: pd.DataFrame) -> pd.DataFrame:
+        out = pd.DataFrame(
+            {
+                "kind": rows["kind"],
+                "layer": rows["layer"],
+                "head": rows["head"],
+                inp.metric_name: rows["metric"].map(num),
+                f"delta ({inp.points})": rows["delta"].map(signed),
+                "p-value": rows["p_value"].map(lambda p: f"{p:.3g}"),
+            }
+        )
+        return out if len(kinds_in(df)) > 1 else out.drop(columns="kind")
+
+    n = min(5, len(df))
+    doc.h(2, "Most harmful removals")
+    doc.table(fmt(df.nsmallest(n, "delta")))
+    doc.h(2, "Most helpful removals")
+    doc.table(fmt(df.nlargest(n, "delta")))
+
+
+def _one_head_per_layer(doc: Doc, inp: Inputs) -> None:
+    df = inp.one_head
+    if df is None:
+        return
+    doc.h(1, "Tables 2/3: one head per layer")
+    kinds = kinds_in(df)
+    df = df.assign(_rank=df["kind"].map(kinds.index)).sort_values(["_rank", "layer"])
+    worst = df.loc[df["delta"].idxmin()]
+    where = f"{KIND_LABELS.get(worst['kind'], worst['kind'])} layer {worst['layer']}"
+    doc.p(
+        f"The worst layer to reduce to its best single head is {where} ({signed(worst['delta'])} "
+        f"{inp.points}); the median change over layers is {signed(df['delta'].median())} {inp.points}."
+    )
+    table = pd.DataFrame(
+        {
+            "kind": df["kind"],
+            "layer": df["layer"],
+            "best head": df["best_head"],
+            inp.metric_name: df["metric"].map(num),
+            f"delta ({inp.points})": df["delta"].map(signed),
+        }
+    )
+    doc.table(table if df["kind"].nunique() > 1 else table.drop(columns="kind"))
+
+
+def _recovery(doc: Doc, inp: Inputs) -> None:
+    rec = inp.recovery
+    if rec is None:
+        return
+    doc.h(1, "Beyond the paper: fine-tuning after pruning")
+    rec = rec.sort_values("fraction_pruned")
+    doc.figure("recovery.png", figures.recovery(inp, rec),
+               f"{inp.metric_name} of pruned models before and after fine-tuning.")
+    doc.table(
+        pd.DataFrame(
+            {
+                "heads pruned": rec["fraction_pruned"].map(pct),
+                "before": rec["metric_before"].map(num),
+                "after": rec["metric_after"].map(num),
+                f"recovered ({inp.points})": (rec["metric_after"] - rec["metric_before"]).map(signed),
+            }
+        )
+    )
+
+
+def _speed(doc: Doc, inp: Inputs) -> None:
+    bench = inp.benchmark
+    if bench is None:
+        return
+    doc.h(1, "Table 4: inference speed")
+    doc.figure("speedup.png", figures.speedup(bench),
+               "Throughput speedup of the physically pruned model; dashed: ideal speedup.")
+
+    if "tokens_per_s" in bench:
+        # Decoding speed: the paper's Table 4 measured BERT classification, so it is not set beside it.
+        rows = bench.sort_values(["attn_implementation", "batch_size", "fraction_pruned"])
+        doc.h(2, "Decoding speed (every model generates the same number of tokens)")
+        doc.table(pd.DataFrame({
+            "attention": rows["attn_implementation"], "batch": rows["batch_size"],
+            "heads pruned": rows["fraction_pruned"].map(pct), "sentences/s": rows["examples_per_s"].map(num),
+            "tokens/s": rows["tokens_per_s"].map(lambda v: num(v, 0)),
+            "speedup": rows["speedup"].map(lambda v: num(v, 2)),
+            "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2))}))
+    table = None if "tokens_per_s" in bench else table4(bench)
+    if table is not None:
+        frac, df = table
+        doc.h(2, f"Compared with the paper's Table 4 ({pct(frac)} of heads pruned)")
+        doc.table(df)
+    if "peak_memory_mb" in bench and bench["peak_memory_mb"].notna().any():
+        mem = bench.dropna(subset=["peak_memory_mb"]).drop_duplicates(["attn_implementation", "fraction_pruned"])
+        columns = [c for c in ("weights_mb", "activations_mb", "peak_memory_mb") if c in mem]
+        mem = mem.sort_values(["attn_implementation", "fraction_pruned"])[
+            ["attn_implementation", "batch_size", "fraction_pruned", *columns]]
+        mem["fraction_pruned"] = mem["fraction_pruned"].map(pct)
+        mem = mem.rename(columns={"attn_implementation": "attention", "batch_size": "batch",
+                                  "fraction_pruned": "heads pruned", "weights_mb": "weights (MiB)",
+                                  "activations_mb": "peak activations (MiB)", "peak_memory_mb": "peak total (MiB)"})
+        doc.h(2, "Peak memory of one forward pass")
+        doc.p("Weights plus the peak of live activations, from torch's CPU allocator (exact, not the "
+              "process's resident set). Heads hold a small share of the weights, and under sdpa the "
+              "feed-forward activations, not attention scores, set the peak.")
+        doc.table(mem.astype(object).map(lambda v: num(v, 1) if isinstance(v, float) else v))
+
+
+# The summary comes first: it is what a reader wants; the sections below back it up.
+SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (
+    _compared_with_paper,
+    _setup,
+    _pruning_curves,
+    _budgeted,
+    _importance,
+    _single_head_ablation,
+    _one_head_per_layer,
+    _recovery,
+    _speed,
+)
