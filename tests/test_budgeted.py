@@ -13,8 +13,8 @@ from pipeline.core.flops import forward_flops
 from pipeline.core.importance import per_example_loss
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED
 from pipeline.methods.budgeted import (
-    METHODS,
     BudgetError,
     Selection,
     UnitCosts,
@@ -232,20 +232,20 @@ def test_tune_refuses_encoder_decoder_models():
         tune(copy.deepcopy(teacher), teacher, batches("marian"), progress=False)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", BUDGETED_METHODS)
 def test_budgeted_prune_meets_the_flop_budget_is_deterministic_and_saves(method, tmp_path):
     model = tiny_model("bert", attn_implementation="eager")
     data = batches("bert")
     gradients = gate_gradients(model, data, progress=False)
     costs = flop_costs(model, probe("bert"))
-    keep = 0.8 if method == "budgeted-heads" else 0.6
+    keep = 0.8 if method == BUDGETED_HEADS else 0.6
     result = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data)
     assert forward_flops(result.model, probe("bert")) <= keep * costs.total * (1 + 1e-9)
     again = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data)
     assert again.selection == result.selection
     batch = {k: v for k, v in tiny_batch("bert", seed=3).items() if k != "labels"}
     torch.testing.assert_close(again.model(**batch).logits, result.model(**batch).logits, rtol=0, atol=0)
-    if method == "budgeted-heads":
+    if method == BUDGETED_HEADS:
         assert [s.num_neurons for s in ffn_sites(result.model)] == [37, 37]
     reloaded = load_model(save_model(result.model, tmp_path / "pruned"), attn_implementation="eager")
     torch.testing.assert_close(reloaded(**batch).logits, result.model(**batch).logits, rtol=0, atol=0)
@@ -258,7 +258,7 @@ def test_budgeted_prune_rejects_unknown_methods_and_tuning_without_data():
     with pytest.raises(ValueError, match="unknown budgeted method 'magnitude'; choose one of budgeted-heads"):
         budgeted_prune(model, gradients, costs, 0.5, "magnitude")
     with pytest.raises(ValueError, match="tune_batches"):
-        budgeted_prune(model, gradients, costs, 0.5, "budgeted-tuned")
+        budgeted_prune(model, gradients, costs, 0.5, BUDGETED_TUNED)
 
 
 def test_latency_costs_recover_the_slope_of_a_latency_table():

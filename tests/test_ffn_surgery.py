@@ -12,18 +12,13 @@ import pytest
 import torch
 import transformers
 
-from pipeline.core.checkpoint import (
-    PRUNING_FILE,
-    apply_pruning_record,
-    load_model,
-    pruning_record,
-    save_model,
-)
+from pipeline.core.checkpoint import apply_pruning_record, load_model, pruning_record, save_model
 from pipeline.core.flops import forward_flops, parameter_count
-from pipeline.core.gates import HeadGates, head_gates, neuron_gates
+from pipeline.core.gates import Gates, head_gates, neuron_gates
 from pipeline.core.importance import per_example_loss
 from pipeline.core.sites import UnsupportedModelError, attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.files.schema import PRUNING_FILE
 from tests.tiny_models import (
     FAMILIES,
     FAMILY_IMPLS,
@@ -105,7 +100,7 @@ def test_neuron_gates_at_one_are_bit_identical_and_a_zero_gate_changes_every_sit
     model, batch = tiny_model(family, impl), tiny_batch(family)
     reference = logits(model, batch)
     with neuron_gates(model) as gates:
-        assert isinstance(gates, HeadGates)  # the generic Gates, under its old name too
+        assert isinstance(gates, Gates)
         assert [(g.shape, g.dtype) for g in gates] == [((NEURONS,), torch.float32)] * len(ffn_sites(model))
         assert torch.equal(logits(model, batch), reference)
         for site in range(len(gates)):

@@ -82,6 +82,50 @@ def test_pipeline_stages_in_file_order_with_dvc_addresses():
     assert mt[0] == "mt/dvc.yaml:prepare" and mt[-1] == "mt/dvc.yaml:report"
 
 
+# --- workspaces ------------------------------------------------------------------------------------
+
+
+def test_a_workspace_is_the_working_tree_sharing_the_cache_and_replaces_the_old_one_only_when_complete(
+        tmp_path, monkeypatch):
+    root = tmp_path / "project"
+    root.mkdir()
+    run(["git", "init", "-q"], root)
+    run(["dvc", "init", "-q"], root)
+    for name in ("kept.txt", "edited.txt", "deleted.txt"):
+        (root / name).write_text(f"{name} as committed\n")
+    commit_all(root, "project")
+    (root / "edited.txt").write_text("edited, not committed\n")
+    (root / "deleted.txt").unlink()
+    (root / "new" / "untracked.txt").parent.mkdir()
+    (root / "new" / "untracked.txt").write_text("not yet added\n")
+    dest = tmp_path / "sweeps" / "member"
+
+    assert flows.make_workspace(root, dest) == dest
+    assert (dest / "kept.txt").read_text() == "kept.txt as committed\n"
+    assert (dest / "edited.txt").read_text() == "edited, not committed\n"
+    assert (dest / "new" / "untracked.txt").read_text() == "not yet added\n"
+    assert not (dest / "deleted.txt").exists()
+    cache = run(["dvc", "cache", "dir"], root).strip().splitlines()[-1]
+    assert run(["dvc", "cache", "dir"], dest).strip().splitlines()[-1] == cache
+
+    (dest / "left by a run.txt").write_text("the old workspace's\n")
+    real = flows.run_dvc
+
+    def killed_before_the_cache_is_shared(args, cwd, env=None):
+        if args[:3] == ["cache", "dir", "--local"]:
+            raise KeyboardInterrupt  # as a kill would, after the clone and the copies
+        return real(args, cwd, env)
+
+    monkeypatch.setattr(flows, "run_dvc", killed_before_the_cache_is_shared)
+    with pytest.raises(KeyboardInterrupt):
+        flows.make_workspace(root, dest)
+    assert (dest / "left by a run.txt").exists()  # the previous workspace, whole
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["member"]  # no half-built one beside it
+    monkeypatch.setattr(flows, "run_dvc", real)
+    flows.make_workspace(root, dest)
+    assert not (dest / "left by a run.txt").exists() and (dest / "edited.txt").exists()
+
+
 # --- runs ------------------------------------------------------------------------------------------
 
 

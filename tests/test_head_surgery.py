@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from pipeline.core.checkpoint import PRUNING_FILE, load_model, save_model
+from pipeline.core.checkpoint import load_model, save_model
 from pipeline.core.flops import forward_flops, parameter_count
 from pipeline.core.gates import head_gates
 from pipeline.core.importance import (
@@ -21,6 +21,7 @@ from pipeline.core.importance import (
 )
 from pipeline.core.sites import UnsupportedModelError, attention_sites
 from pipeline.core.surgery import prune_heads
+from pipeline.files.schema import PRUNING_FILE
 from tests.tiny_models import (
     FAMILIES,
     FAMILY_IMPLS,

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from pipeline.core.checkpoint import apply_pruning_record, check_pruned_shapes, pruning_record
 from pipeline.core.sites import UnsupportedModelError
 from pipeline.files.atomic import write_bytes
+from pipeline.files.schema import EVAL_SPLITS, SPLITS
 from pipeline.mt.seq2seq import bleu, bleu_paired_pvalue, collate_pairs, decoder_inputs
 
 MODEL_TYPE = "fairseq_transformer"  # the key of this backend's entry in pipeline.core.sites.FAMILIES
@@ -394,11 +395,12 @@ def translation_splits(model: FairseqSeq2Seq, data_bin: str | Path, max_train_pa
     references = references or {}
     task = model.cfg.task
     out = {}
-    for ours, theirs, cap in (("train", "train", max_train_pairs), ("dev", "valid", max_eval_pairs),
-                              ("test", "test", max_eval_pairs)):
+    # fairseq-preprocess names the dev split "valid".
+    for ours, theirs in zip(SPLITS, ("train", "valid", "test"), strict=True):
+        cap = max_eval_pairs if ours in EVAL_SPLITS else max_train_pairs
         pairs = _pairs_of_split(model, data_bin, theirs)
         if pairs is None:
-            if ours == "train":
+            if ours not in EVAL_SPLITS:  # train is optional (a fairseq model is only evaluated); dev and test are not
                 continue
             raise FileNotFoundError(
                 f"{data_bin} has no {theirs} split ({theirs}.{task.source_lang}-{task.target_lang}.{task.source_lang}"

@@ -12,7 +12,17 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-DEFAULT = "default"  # the offline default model / data (pinned PyPI wheels)
+from pipeline.files.schema import (
+    BUDGETED,
+    BUDGETED_HEADS,
+    BUDGETED_METHODS,
+    BUDGETED_TUNED,
+    CLASSIFICATION_METRICS,
+    DEFAULT,
+    EVAL_SPLITS,
+    SCRATCH,
+    SPLITS,
+)
 
 
 def _sum_to_one(v: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -40,7 +50,7 @@ class DataParams(Section):
     text_column: str = "text"
     text_pair_column: str | None = None
     label_column: str = "label"
-    metric: Literal["accuracy", "matthews", "f1"] | None = None
+    metric: Literal[CLASSIFICATION_METRICS] | None = None
     fractions: Fractions = (0.8, 0.1, 0.1)
     max_length: int = Field(128, ge=8, le=4096)
 
@@ -62,21 +72,18 @@ class EvalParams(Section):
 
 
 class AblateParams(Section):
-    split: Literal["dev", "test"] = "test"
+    split: Literal[EVAL_SPLITS] = "test"
     # A seeded subset of the split (null: all of it); the 2 x heads masked evaluations scale with it.
     max_examples: int | None = Field(300, ge=10)
     n_resamples: int = Field(1000, ge=100)
 
 
 class ScoreParams(Section):
-    split: Literal["train", "dev", "test"] = "train"
+    split: Literal[SPLITS] = "train"
     max_examples: int | None = Field(512, ge=1)
     batch_size: int = Field(32, ge=1)
     # L_p normalisation within each layer; null switches it off.
     normalize_p: float | None = Field(2.0, gt=0)
-
-
-BUDGETED_METHODS = ("budgeted-heads", "budgeted", "budgeted-tuned")  # pipeline.methods.budgeted.METHODS
 
 
 class LatencyProbeParams(Section):
@@ -107,9 +114,9 @@ class BudgetedParams(Section):
         for level in self.save_levels:
             if level not in self.levels:
                 raise ValueError(f"save_levels: {level} is not one of levels {self.levels}")
-        if self.save_levels and "budgeted-tuned" not in self.methods:
-            raise ValueError("save_levels saves budgeted-tuned models: add budgeted-tuned to methods, "
-                             "or set save_levels: []")
+        if self.save_levels and BUDGETED_TUNED not in self.methods:
+            raise ValueError(f"save_levels saves {BUDGETED_TUNED} models: add {BUDGETED_TUNED} to methods, "
+                             f"or set save_levels: []")
         if self.tune_examples > self.fisher_examples:
             raise ValueError(f"tune_examples ({self.tune_examples}) must not exceed fisher_examples "
                              f"({self.fisher_examples}): tuning uses part of the Fisher sample")
@@ -184,7 +191,6 @@ class Params(ExperimentSection):
 # --- machine translation (`task: translation`) -----------------------------------------------------------
 
 
-BACKENDS = ("hf", "fairseq")
 # The keys of each backend: setting one of the other backend's is an error, so that a params file never says
 # something the pipeline ignores.
 HF_MODEL_KEYS = ("name_or_path", "attn_implementation", "vocab_size", "d_model", "encoder_layers", "decoder_layers",
@@ -199,7 +205,7 @@ class TranslationModelParams(Section):
     # "scratch": a Marian transformer of the shape below, trained by the finetune stage (the offline
     # default); else a pretrained Marian/BART hub id or local folder (e.g. Helsinki-NLP/opus-mt-en-fr),
     # which the finetune stage only evaluates.
-    name_or_path: str = "scratch"
+    name_or_path: str = SCRATCH
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     vocab_size: int = Field(8000, ge=100)
     d_model: int = Field(256, ge=8)
@@ -258,7 +264,7 @@ class TranslationDataParams(Section):
     max_length: int = Field(64, ge=4, le=1024)
     # backend fairseq: raw reference files for dev and/or test, one sentence a line in the data_bin split's order
     # (e.g. newstest2013.fr), scored instead of the binarised targets.
-    references: dict[Literal["dev", "test"], str] = Field(default_factory=dict)
+    references: dict[Literal[EVAL_SPLITS], str] = Field(default_factory=dict)
 
 
 class TrainParams(Section):
@@ -302,9 +308,9 @@ class TranslationPruneParams(PruneParams):
 
     @model_validator(mode="after")
     def _no_tuning(self) -> TranslationPruneParams:
-        if "budgeted-tuned" in self.budgeted.methods:
-            raise ValueError("budgeted.methods: budgeted-tuned needs an encoder-only model; translation "
-                             "experiments can use budgeted-heads and budgeted")
+        if BUDGETED_TUNED in self.budgeted.methods:
+            raise ValueError(f"budgeted.methods: {BUDGETED_TUNED} needs an encoder-only model; translation "
+                             f"experiments can use {BUDGETED_HEADS} and {BUDGETED}")
         return self
 
 

@@ -24,8 +24,8 @@ from torch import nn
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.atomic import staged_dir
+from pipeline.files.schema import PRUNING_FILE
 
-PRUNING_FILE = "head_pruning.json"
 # 1: heads only ("sites"). 2: adds the FFN sites ("ffn_sites"); a version-1 record keeps every neuron.
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)

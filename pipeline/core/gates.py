@@ -34,9 +34,6 @@ class Gates(list):
         return list(self)
 
 
-HeadGates = Gates  # the name from before neurons had gates
-
-
 def _gate_input(x: torch.Tensor, gate: torch.Tensor, units: int, batch_dim: int) -> torch.Tensor:
     # Each unit owns a contiguous block of the last dim: head_dim wide for heads, 1 for neurons.
     width = x.shape[-1] // units

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-KINDS = ("encoder", "decoder", "cross")
+from pipeline.files.schema import CROSS, DECODER, ENCODER
 
 
 @dataclass(frozen=True)
@@ -133,47 +133,47 @@ _FAIRSEQ_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "he
 
 def _bert_like(base: nn.Module) -> Iterator[SiteEntry]:
     for i, layer in enumerate(base.encoder.layer):
-        yield "encoder", i, layer.attention.self, layer.attention.output.dense
+        yield ENCODER, i, layer.attention.self, layer.attention.output.dense
 
 
 def _distilbert(base: nn.Module) -> Iterator[SiteEntry]:
     for i, layer in enumerate(base.transformer.layer):
-        yield "encoder", i, layer.attention, layer.attention.out_lin
+        yield ENCODER, i, layer.attention, layer.attention.out_lin
 
 
 def _mpnet(base: nn.Module) -> Iterator[SiteEntry]:
     for i, layer in enumerate(base.encoder.layer):
-        yield "encoder", i, layer.attention.attn, layer.attention.attn.o
+        yield ENCODER, i, layer.attention.attn, layer.attention.attn.o
 
 
 def _encoder_decoder(base: nn.Module) -> Iterator[SiteEntry]:
     # Model order: the whole encoder, then per decoder layer its self- then cross-attention.
     for i, layer in enumerate(base.encoder.layers):
-        yield "encoder", i, layer.self_attn, layer.self_attn.out_proj
+        yield ENCODER, i, layer.self_attn, layer.self_attn.out_proj
     for i, layer in enumerate(base.decoder.layers):
-        yield "decoder", i, layer.self_attn, layer.self_attn.out_proj
-        yield "cross", i, layer.encoder_attn, layer.encoder_attn.out_proj
+        yield DECODER, i, layer.self_attn, layer.self_attn.out_proj
+        yield CROSS, i, layer.encoder_attn, layer.encoder_attn.out_proj
 
 
 def _bert_like_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
     # BERT, RoBERTa, ELECTRA and MPNet alike.
     for i, layer in enumerate(base.encoder.layer):
-        yield "encoder", i, layer.intermediate.dense, layer.output.dense
+        yield ENCODER, i, layer.intermediate.dense, layer.output.dense
 
 
 def _distilbert_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
     for i, layer in enumerate(base.transformer.layer):
-        yield "encoder", i, layer.ffn.lin1, layer.ffn.lin2
+        yield ENCODER, i, layer.ffn.lin1, layer.ffn.lin2
 
 
 def _encoder_decoder_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
-    for kind, layers in (("encoder", base.encoder.layers), ("decoder", base.decoder.layers)):
+    for kind, layers in ((ENCODER, base.encoder.layers), (DECODER, base.decoder.layers)):
         for i, layer in enumerate(layers):
             yield kind, i, layer.fc1, layer.fc2
 
 
 def _fairseq_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
-    for kind, layers in (("encoder", base.encoder.layers), ("decoder", base.decoder.layers)):
+    for kind, layers in ((ENCODER, base.encoder.layers), (DECODER, base.decoder.layers)):
         for i, layer in enumerate(layers):
             # NormFormer's `--scale-fc` puts a LayerNorm over the intermediate activations between fc1 and fc2, so a
             # neuron's output depends on the others' and removing one changes the rest.
@@ -193,13 +193,13 @@ class Family:
 
 def _encoder_stack(path: str) -> Callable[[nn.Module], dict[str, nn.ModuleList]]:
     def stacks(base: nn.Module) -> dict[str, nn.ModuleList]:
-        return {"encoder": base.get_submodule(path)}
+        return {ENCODER: base.get_submodule(path)}
 
     return stacks
 
 
 def _encoder_decoder_stacks(base: nn.Module) -> dict[str, nn.ModuleList]:
-    return {"encoder": base.encoder.layers, "decoder": base.decoder.layers, "cross": base.decoder.layers}
+    return {ENCODER: base.encoder.layers, DECODER: base.decoder.layers, CROSS: base.decoder.layers}
 
 
 # config.model_type -> family
@@ -262,6 +262,3 @@ def layer_stack(model: nn.Module, kind: str) -> nn.ModuleList:
     """The layer blocks of the stack holding `kind` sites (the decoder's for "decoder" and "cross")."""
     return _family(model).stacks(getattr(model, "base_model", model))[kind]
 
-
-def heads_per_site(model: nn.Module) -> list[int]:
-    return [site.num_heads for site in attention_sites(model)]

@@ -13,8 +13,11 @@ SCRATCH = "scratch"  # translation: a Marian model trained from scratch by the f
 # --- splits, attention kinds, metrics ---------------------------------------------------------------
 SPLITS = ("train", "dev", "test")
 EVAL_SPLITS = ("dev", "test")  # what the curves and the fine-tuning metric are measured on
-KINDS = ("encoder", "decoder", "cross")  # attention kinds; encoder-only models have "encoder" alone
-KIND_LABELS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
+# Attention kinds: each stack's self-attention, and the decoder's attention to the encoder (cross);
+# encoder-only models have ENCODER alone.
+ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
+KINDS = (ENCODER, DECODER, CROSS)
+KIND_LABELS = {ENCODER: "encoder self-attention", DECODER: "decoder self-attention", CROSS: "cross-attention"}
 CLASSIFICATION_METRICS = ("accuracy", "matthews", "f1")
 BLEU = "bleu"
 

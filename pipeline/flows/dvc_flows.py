@@ -40,7 +40,7 @@ from prefect_dask import DaskTaskRunner  # noqa: E402
 from ruamel.yaml import YAML  # noqa: E402
 
 from pipeline.config.params import ParamsError, parse_params  # noqa: E402
-from pipeline.files.atomic import write_csv, write_text  # noqa: E402
+from pipeline.files.atomic import staged_dir, write_csv, write_text  # noqa: E402
 
 # The DVC remote that workers share, as a URL (s3://bucket/path, a local folder in tests); a flow's
 # `dvc_remote` parameter takes precedence. It is registered in each workspace as the remote "flows".
@@ -237,24 +237,25 @@ def experiment(overrides: dict[str, Any] | None = None, workspace: str = ".", pi
 
 def make_workspace(root: Path, dest: Path) -> Path:
     """A fresh clone of the project at `dest` with the working tree's uncommitted changes, sharing the
-    project's DVC cache (and run-cache), so stages any workspace already ran are restored, not rerun."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["git", "clone", "--quiet", "--shared", str(root), str(dest)], check=True)
+    project's DVC cache (and run-cache), so stages any workspace already ran are restored, not rerun.
+
+    Built in a staging folder that replaces `dest` only when complete: a killed build leaves the previous
+    workspace (or none), never a clone without the changes or the shared cache that a later run would trust."""
     git_files = ["git", "ls-files", "-z", "--exclude-standard"]
     changed = subprocess.run([*git_files, "--modified", "--others"], cwd=root, check=True, capture_output=True,
                              text=True).stdout.split("\0")
     deleted = subprocess.run([*git_files, "--deleted"], cwd=root, check=True, capture_output=True,
                              text=True).stdout.split("\0")
-    for name in filter(None, changed):
-        if (root / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / name, dest / name)
-    for name in filter(None, deleted):
-        (dest / name).unlink(missing_ok=True)
     cache = run_dvc(["cache", "dir"], root).strip().splitlines()[-1]
-    run_dvc(["cache", "dir", "--local", cache], dest)
+    with staged_dir(dest) as staging:
+        subprocess.run(["git", "clone", "--quiet", "--shared", str(root), str(staging)], check=True)
+        for name in filter(None, changed):
+            if (root / name).is_file():
+                (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / name, staging / name)
+        for name in filter(None, deleted):
+            (staging / name).unlink(missing_ok=True)
+        run_dvc(["cache", "dir", "--local", cache], staging)
     return dest
 
 

@@ -34,6 +34,7 @@ from pipeline.core.gates import head_gates, neuron_gates
 from pipeline.core.importance import frozen_for_gate_gradients, per_example_loss
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED, ENCODER
 from pipeline.methods.bench import median_time
 
 Batches = Sequence[Mapping[str, torch.Tensor]]
@@ -334,7 +335,7 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
     """
     s_sites, t_sites = attention_sites(student), attention_sites(teacher)
     s_ffn, t_ffn = ffn_sites(student), ffn_sites(teacher)
-    if any(site.kind != "encoder" for site in s_sites) or len(s_sites) != len(s_ffn):
+    if any(site.kind != ENCODER for site in s_sites) or len(s_sites) != len(s_ffn):
         raise ValueError("tuning supports encoder-only models (one attention and one FFN sublayer per layer); "
                          f"{type(student).__name__} has {len(s_sites)} attention and {len(s_ffn)} FFN sites")
     masks = [batch["attention_mask"] for batch in batches]
@@ -436,9 +437,6 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
 
 # --- the method -----------------------------------------------------------------------------------------------
 
-METHODS = ("budgeted-heads", "budgeted", "budgeted-tuned")
-
-
 @dataclass
 class BudgetedPrune:
     """One budgeted prune: the pruned model, what it keeps, and the seconds each step took."""
@@ -451,27 +449,27 @@ class BudgetedPrune:
 def budgeted_prune(model: nn.Module, gradients: UnitGradients, costs: UnitCosts, keep: float, method: str,
                    tune_batches: Batches | None = None, first_token_last_layer: bool = False,
                    progress: bool = False) -> BudgetedPrune:
-    """Prune a copy of `model` to `keep` of its cost with one of `METHODS`:
+    """Prune a copy of `model` to `keep` of its cost with one of `BUDGETED_METHODS`:
 
     - `budgeted-heads`: heads only, chosen by Fisher importance and rearranged;
     - `budgeted`: heads and FFN neurons jointly, chosen and rearranged;
     - `budgeted-tuned`: as `budgeted`, then tuned on `tune_batches`.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown budgeted method {method!r}; choose one of {', '.join(METHODS)}")
+    if method not in BUDGETED_METHODS:
+        raise ValueError(f"unknown budgeted method {method!r}; choose one of {', '.join(BUDGETED_METHODS)}")
     seconds = {}
     start = time.perf_counter()
     head_fisher, neuron_fisher = gradients.fisher()
-    selection = search(head_fisher, neuron_fisher, costs, keep, prune_neurons=method != "budgeted-heads")
+    selection = search(head_fisher, neuron_fisher, costs, keep, prune_neurons=method != BUDGETED_HEADS)
     seconds["search"] = time.perf_counter() - start
     start = time.perf_counter()
     selection = rearrange(selection, gradients)
     seconds["rearrange"] = time.perf_counter() - start
     head_plan, neuron_plan = selection.plans(model)
     pruned = prune_neurons(prune_heads(copy.deepcopy(model), head_plan), neuron_plan)
-    if method == "budgeted-tuned":
+    if method == BUDGETED_TUNED:
         if not tune_batches:
-            raise ValueError("budgeted-tuned needs tune_batches: the sample its least squares fit on")
+            raise ValueError(f"{BUDGETED_TUNED} needs tune_batches: the sample its least squares fit on")
         start = time.perf_counter()
         tune(pruned, model, tune_batches, first_token_last_layer, progress=progress)
         seconds["tune"] = time.perf_counter() - start

@@ -32,14 +32,26 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from pipeline.config.params import Params, ParamsError, TranslationParams, load_params
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.files.atomic import staged_dir
+from pipeline.files.schema import (
+    BASE_MODEL_DIR,
+    CHECKPOINTS_DIR,
+    DATA_DIR,
+    EVAL_SPLITS,
+    FAIRSEQ_CHECKPOINT,
+    FINETUNED_DIR,
+    PRUNED_DIR,
+    SCRATCH,
+    TASK_FILE,
+    budgeted_name,
+    checkpoint_step,
+    pruned_name,
+)
 from pipeline.mt.seq2seq import TranslationEval, collate_pairs
 from pipeline.tasks.evaluation import EvalSet, labelled_batches, make_eval_set
-from pipeline.tasks.sources import SCRATCH
 
 log = logging.getLogger("pipeline")
 
 WHEEL_CACHE = Path(".cache") / "wheels"
-FAIRSEQ_CHECKPOINT = "checkpoint.pt"  # the model file in a fairseq model folder, beside its dict.<lang>.txt
 
 
 @dataclass(frozen=True)
@@ -91,42 +103,39 @@ class Experiment:
 
     @property
     def base_model_dir(self) -> Path:
-        return self.artifacts / "base_model"
+        return self.artifacts / BASE_MODEL_DIR
 
     @property
     def data_dir(self) -> Path:
-        return self.artifacts / "data"
+        return self.artifacts / DATA_DIR
 
     @property
     def finetuned_dir(self) -> Path:
-        return self.artifacts / "finetuned"
+        return self.artifacts / FINETUNED_DIR
 
     @property
     def pruned_root(self) -> Path:
-        return self.artifacts / "pruned"
+        return self.artifacts / PRUNED_DIR
 
     def pruned_dir(self, fraction: float) -> Path:
-        return self.pruned_root / f"{round(100 * fraction):02d}"
+        return self.pruned_root / pruned_name(fraction)
 
     def budgeted_dir(self, level: float) -> Path:
         """The budgeted-tuned model with `level` of its cost removed."""
-        return self.pruned_root / f"budgeted-{round(100 * level):02d}"
+        return self.pruned_root / budgeted_name(level)
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.artifacts / "checkpoints"
-
-    def checkpoint_dir(self, step: int) -> Path:
-        return self.checkpoints_dir / f"step-{step:06d}"
+        return self.artifacts / CHECKPOINTS_DIR
 
     def checkpoint_dirs(self) -> dict[int, Path]:
         """Saved training checkpoints by step, earliest first (translation experiments)."""
-        found = {int(d.name.removeprefix("step-")): d for d in self.checkpoints_dir.glob("step-*") if d.is_dir()}
-        return dict(sorted(found.items()))
+        steps = {d: checkpoint_step(d.name) for d in self.checkpoints_dir.glob("*") if d.is_dir()}
+        return dict(sorted((step, d) for d, step in steps.items() if step is not None))
 
     # --- loaders -----------------------------------------------------------------------------------
     def task(self) -> dict:
-        return json.loads((self.data_dir / "task.json").read_text())
+        return json.loads((self.data_dir / TASK_FILE).read_text())
 
     def splits(self) -> datasets.DatasetDict:
         # In memory: shuffles and selections must never write cache files into a DVC-tracked output.
@@ -184,7 +193,7 @@ class Experiment:
             return self.task()["pad_token_id"]  # of the model's dictionaries, recorded by prepare
         return self.tokenizer().pad_token_id
 
-    def eval_sets(self, splits: tuple[str, ...] = ("dev", "test"), max_examples: int | None = None
+    def eval_sets(self, splits: tuple[str, ...] = EVAL_SPLITS, max_examples: int | None = None
                   ) -> dict[str, EvalSet]:
         """Evaluation batches of each split; a seeded random subset of `max_examples` when given (the
         sweeps of ablate and prune evaluate hundreds of models, and their cost is linear in it)."""
