@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import transformers
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline.config.params import Params, ParamsError, TranslationParams, load_params
+from pipeline.config.trace import traced
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import (
@@ -54,6 +56,12 @@ log = logging.getLogger("pipeline")
 WHEEL_CACHE = Path(".cache") / "wheels"
 
 
+def _stage_name() -> str:
+    """`prune` when running as `python -m stages.prune` (what the params tracer names its file after)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return spec.name.rpartition(".")[2] if spec is not None else "interactive"
+
+
 @dataclass(frozen=True)
 class Experiment:
     params: Params | TranslationParams
@@ -75,9 +83,10 @@ class Experiment:
         transformers.logging.set_verbosity_error()
         datasets.disable_progress_bars()
         try:
-            return cls(load_params(path), str(path))
+            params = load_params(path)
         except ParamsError as error:
             raise SystemExit(f"error: {error}") from None
+        return cls(traced(params, _stage_name()), str(path))
 
     @property
     def is_translation(self) -> bool:
