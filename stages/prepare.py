@@ -15,7 +15,7 @@ import datasets
 
 from pipeline.config.params import DEFAULT
 from pipeline.files.atomic import write_json
-from pipeline.mt.seq2seq import marian_config
+from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.tasks.assets import MT_DATA, fetch_asset
 from pipeline.tasks.classification import load_task, tokenize_splits

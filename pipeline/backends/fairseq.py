@@ -36,7 +36,8 @@ from tqdm.auto import tqdm
 from pipeline.core.checkpoint import apply_pruning_record, check_pruned_shapes, pruning_record
 from pipeline.core.sites import UnsupportedModelError
 from pipeline.files.atomic import write_bytes
-from pipeline.mt.seq2seq import bleu, bleu_paired_pvalue, collate_pairs, decoder_inputs
+from pipeline.mt.bleu import bleu, bleu_paired_pvalue
+from pipeline.mt.marian import collate_pairs, decoder_inputs
 
 MODEL_TYPE = "fairseq_transformer"  # the key of this backend's entry in pipeline.core.sites.FAMILIES
 PRUNING_KEY = "head_pruning"  # where save_checkpoint puts pipeline.core.checkpoint's pruning record
