@@ -15,6 +15,7 @@ import datasets
 
 from pipeline.config.params import DEFAULT
 from pipeline.files.atomic import write_json
+from pipeline.files.schema import SCRATCH
 from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.tasks.assets import MT_DATA, fetch_asset
@@ -23,7 +24,6 @@ from pipeline.tasks.sources import (
     DEFAULT_MODEL_NAME,
     MT_DATA_ATTRIBUTION,
     MT_DATA_NAME,
-    SCRATCH,
     materialize_model,
     task_spec,
 )

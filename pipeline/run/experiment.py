@@ -32,10 +32,10 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from pipeline.config.params import Params, ParamsError, TranslationParams, load_params
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.files.atomic import staged_dir
+from pipeline.files.schema import SCRATCH
 from pipeline.mt.decoding import TranslationEval
 from pipeline.mt.marian import collate_pairs
 from pipeline.tasks.evaluation import EvalSet, labelled_batches, make_eval_set
-from pipeline.tasks.sources import SCRATCH
 
 log = logging.getLogger("pipeline")
 
