@@ -14,7 +14,9 @@ from transformers import MarianConfig
 from pipeline.core.checkpoint import save_model
 from pipeline.files.atomic import staged_dir, write_csv, write_json
 from pipeline.files.schema import BLEU, EVAL_SPLITS, checkpoint_name
-from pipeline.mt.seq2seq import TranslationTrainConfig, bleu, new_marian, train_translation
+from pipeline.mt.bleu import bleu
+from pipeline.mt.marian import new_marian
+from pipeline.mt.training import TranslationTrainConfig, train_translation
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import evaluate
 from pipeline.training.classification import TrainConfig, finetune

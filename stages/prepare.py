@@ -10,10 +10,9 @@ import dataclasses
 
 import datasets
 
-from pipeline.config.params import DEFAULT
 from pipeline.files.atomic import staged_dir, write_json
-from pipeline.files.schema import TASK_FILE
-from pipeline.mt.seq2seq import marian_config
+from pipeline.files.schema import DEFAULT, SCRATCH, TASK_FILE
+from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.tasks.assets import MT_DATA, fetch_asset
 from pipeline.tasks.classification import load_task, tokenize_splits
@@ -21,7 +20,6 @@ from pipeline.tasks.sources import (
     DEFAULT_MODEL_NAME,
     MT_DATA_ATTRIBUTION,
     MT_DATA_NAME,
-    SCRATCH,
     materialize_model,
     task_spec,
 )

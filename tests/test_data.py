@@ -252,6 +252,12 @@ def test_text_that_looks_like_a_number_or_na_stays_text(tmp_path):
     assert {"NA", "007"} <= texts
 
 
+def test_csv_text_stays_as_written_even_when_every_row_looks_like_a_number(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{i:03d},{i % 2}\n" for i in range(20)))
+    dsd, _ = load_task(str(tmp_path / "train.csv"), seed=0)
+    assert sorted(t for split in dsd.values() for t in split["text"]) == [f"{i:03d}" for i in range(20)]
+
+
 def test_missing_columns_name_the_file_and_the_available_columns(tmp_path):
     (tmp_path / "train.csv").write_text("sentence,label\nhi,1\n")
     with pytest.raises(

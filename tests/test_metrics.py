@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pipeline.tasks.metrics import METRICS, compute_metric, mcnemar_pvalue, paired_bootstrap_pvalue
+from pipeline.files.schema import CLASSIFICATION_METRICS
+from pipeline.tasks.metrics import compute_metric, mcnemar_pvalue, paired_bootstrap, paired_bootstrap_pvalue
 
 # gold 1 1 1 1 0 0 0 0 0 0 / pred 1 1 1 0 1 0 0 0 0 0 -> tp 3, fn 1, fp 1, tn 5
 GOLD = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
@@ -69,7 +70,7 @@ def systems(n=2000, acc_a=0.85, acc_b=0.80, seed=0):
     return a, b, gold
 
 
-@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("metric", CLASSIFICATION_METRICS)
 def test_bootstrap_is_deterministic_per_seed(metric):
     a, b, gold = systems(acc_a=0.81, acc_b=0.80)
     p = paired_bootstrap_pvalue(metric, a, b, gold, n_resamples=300, seed=3)
@@ -112,6 +113,15 @@ def test_bootstrap_is_fast_enough_for_ten_thousand_examples():
     start = time.perf_counter()
     paired_bootstrap_pvalue("accuracy", a, b, gold, n_resamples=1000)
     assert time.perf_counter() - start < 1.0
+
+
+def test_the_bootstrap_takes_any_statistic_of_seeded_index_draws():
+    # Per-example differences of two systems: delta* is their mean over each resample's indices.
+    diff = np.random.default_rng(0).normal(0.1, 1.0, 50)
+    p = paired_bootstrap(lambda idx: diff[idx].mean(axis=1), len(diff), n_resamples=500, seed=1)
+    draws = np.random.default_rng(1).integers(0, 50, size=(500, 50), dtype=np.int32)
+    assert p == np.mean(diff[draws].mean(axis=1) * np.sign(diff.mean()) <= 0)
+    assert paired_bootstrap(lambda idx: np.zeros(len(idx)), 50) == 1.0  # no observed difference
 
 
 def test_bootstrap_validates_its_inputs():

@@ -12,16 +12,10 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline.mt.seq2seq import (
-    TranslationTrainConfig,
-    bleu,
-    bleu_paired_pvalue,
-    marian_config,
-    new_marian,
-    token_budget_batches,
-    train_translation,
-    translate,
-)
+from pipeline.mt.bleu import bleu, bleu_paired_pvalue
+from pipeline.mt.decoding import translate
+from pipeline.mt.marian import marian_config, new_marian
+from pipeline.mt.training import TranslationTrainConfig, token_budget_batches, train_translation
 from pipeline.tasks import translation as translation_data
 from pipeline.tasks.subword import train_tokenizer
 from pipeline.tasks.translation import load_tatoeba_pairs, load_translation_task, split_by_source, tokenize_pairs

@@ -48,7 +48,8 @@ from pipeline.files.schema import (
     checkpoint_step,
     pruned_name,
 )
-from pipeline.mt.seq2seq import TranslationEval, collate_pairs
+from pipeline.mt.decoding import TranslationEval
+from pipeline.mt.marian import collate_pairs
 from pipeline.tasks.evaluation import EvalSet, labelled_batches, make_eval_set
 
 log = logging.getLogger("pipeline")

