@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +43,9 @@ def staged_dir(path: str | Path) -> Iterator[Path]:
     killed write leaves the previous folder (or none), never a half-written one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    # Not tempfile.mkdtemp: its 0o700 mode would survive the rename; mkdir gives the umask's usual mode.
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    staging.mkdir()
     try:
         yield staging
         if path.exists():
