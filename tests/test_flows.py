@@ -148,7 +148,7 @@ def test_a_dvc_remote_lets_a_fresh_clone_restore_instead_of_recompute(done, tmp_
     # The report's markdown and HTML live in git, not the cache, so it alone re-renders (seconds).
     restored = statuses(result)
     assert restored.pop("report") == "ran"
-    assert set(restored.values()) <= {"restored", "up to date"}
+    assert set(restored.values()) <= {"restored", "up to date"}, restored
     assert (clone / "artifacts" / "tiny" / "finetuned").is_dir()
     assert "up to date" in run(["dvc", "status"], clone).lower()
 

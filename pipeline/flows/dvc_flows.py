@@ -199,6 +199,19 @@ def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
 # --- tasks and flows -------------------------------------------------------------------------------
 
 
+def push_git_tracked_outputs(workspace: Path, stage: str, remote: str) -> None:
+    """Push the objects of the stage's `cache: false` metrics and plots. DVC's run-cache restores them (it copies
+    them into its cache when the stage runs), but `dvc push --run-cache` sends only cached outputs' objects, so a
+    worker with a bare clone would rerun a stage it could restore (DVC 3.67; the remote round trip is tested)."""
+    from dvc.repo import Repo
+
+    with Repo(str(workspace)) as repo:
+        objects = [out.hash_info for s in repo.stage.collect(stage) for out in s.outs
+                   if not out.use_cache and out.hash_info]
+        if objects:
+            repo.cloud.push(objects, remote=remote)
+
+
 @task(name="stage", task_run_name="{stage}", retries=2, retry_delay_seconds=10)
 def run_stage(workspace: str, stage: str, remote: str | None = None, env: dict[str, str] | None = None) -> dict:
     """One DVC stage: pull its inputs (with a remote), `dvc repro` it, push its outputs."""
@@ -212,6 +225,7 @@ def run_stage(workspace: str, stage: str, remote: str | None = None, env: dict[s
     status = stage_status(run_dvc(repro, root, env), stage)
     if remote:
         run_dvc(["push", "--run-cache", "-r", remote, stage], root)
+        push_git_tracked_outputs(root, stage, remote)
     seconds = round(time.perf_counter() - start, 2)
     _logger().info("%s: %s (%.1f s)", stage, status, seconds)
     return {"stage": stage, "status": status, "seconds": seconds}
