@@ -15,6 +15,13 @@ def prefect_home(tmp_path_factory):
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
     os.environ.pop("PREFECT_API_URL", None)
     yield
+    # Stop the module's ephemeral API server now, while pytest still captures its log line; Prefect's own
+    # atexit stop would log to a closed stream (a "--- Logging error ---" traceback after the summary), and the
+    # next module would reuse a server that reads this module's PREFECT_HOME. Imported here, not at the top:
+    # importing Prefect's server before PREFECT_HOME is set leaves the ephemeral server unable to start.
+    from prefect.server.api.server import SubprocessASGIServer
+
+    SubprocessASGIServer().stop()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

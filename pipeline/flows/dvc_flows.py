@@ -205,8 +205,11 @@ def push_git_tracked_outputs(workspace: Path, stage: str, remote: str) -> None:
     worker with a bare clone would rerun a stage it could restore (DVC 3.67; the remote round trip is tested)."""
     from dvc.repo import Repo
 
+    # DVC resolves a stage's address against the process's cwd, not the repo's root, so make it absolute.
+    dvcfile, _, name = stage.rpartition(":")
+    address = f"{workspace.resolve() / (dvcfile or 'dvc.yaml')}:{name}"
     with Repo(str(workspace)) as repo:
-        objects = [out.hash_info for s in repo.stage.collect(stage) for out in s.outs
+        objects = [out.hash_info for s in repo.stage.collect(address) for out in s.outs
                    if not out.use_cache and out.hash_info]
         if objects:
             repo.cloud.push(objects, remote=remote)
