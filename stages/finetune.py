@@ -29,9 +29,10 @@ def classification(exp: Experiment) -> None:
                          warmup_ratio=p.finetune.warmup_ratio, weight_decay=p.finetune.weight_decay,
                          epochs=p.finetune.epochs, seed=p.seed)
     start = time.perf_counter()
-    losses = finetune(model, exp.splits()["train"], tokenizer, config)
+    losses = finetune(model, exp.splits()["train"], tokenizer, config, runtime=exp.runtime)
     seconds = time.perf_counter() - start
-    scores = {split: evaluate(model, es, task["metric"])[0] for split, es in exp.eval_sets().items()}
+    with exp.runtime.autocast():
+        scores = {split: evaluate(model, es, task["metric"])[0] for split, es in exp.eval_sets().items()}
     save_model(model, exp.finetuned_dir, tokenizer)
     write_json(exp.reports / "finetune.json", {
         "metric": task["metric"], **scores, "model": task["model"], "data": task["data"],
@@ -50,13 +51,14 @@ def translation(exp: Experiment) -> None:
     with staged_dir(exp.checkpoints_dir) as staging:
         if exp.trains_from_scratch:
             tokenizer = exp.tokenizer()
-            model = new_marian(MarianConfig.from_pretrained(exp.base_model_dir), p.seed)
+            model = new_marian(MarianConfig.from_pretrained(exp.base_model_dir), p.seed).to(exp.runtime.device)
             model.set_attn_implementation(p.model.attn_implementation)
             config = TranslationTrainConfig(steps=t.steps, max_tokens=t.max_tokens, learning_rate=t.learning_rate,
                                             warmup_steps=t.warmup_steps, schedule=t.schedule,
                                             label_smoothing=t.label_smoothing, seed=p.seed)
             losses = train_translation(model, exp.splits()["train"], tokenizer, config, t.checkpoint_steps,
-                                       lambda step, m: exp.save(m, staging / checkpoint_name(step)))
+                                       lambda step, m: exp.save(m, staging / checkpoint_name(step)),
+                                       runtime=exp.runtime)
             final_step = t.steps
         else:  # a pretrained model (or a fairseq checkpoint) is pruned as it is; its only "checkpoint" is itself
             model, losses, final_step = exp.load(exp.base_model_dir), [], 0
@@ -65,7 +67,8 @@ def translation(exp: Experiment) -> None:
     scores, signature = {}, ""
     for split in EVAL_SPLITS:
         task_eval = exp.translation_eval(split, num_beams=p.translate.num_beams)
-        hypotheses = task_eval(model)[1]
+        with exp.runtime.autocast():
+            hypotheses = task_eval(model)[1]
         scores[split], signature = bleu(hypotheses, task_eval.references)
     exp.save(model, exp.finetuned_dir)
     write_csv(exp.reports / "training_loss.csv", pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))

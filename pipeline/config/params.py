@@ -6,6 +6,7 @@ keys, wrong types and out-of-range values fail with one line naming the key and 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -19,7 +20,10 @@ from pipeline.files.schema import (
     BUDGETED_TUNED,
     CLASSIFICATION_METRICS,
     DEFAULT,
+    DEVICE_PATTERN,
+    DEVICES,
     EVAL_SPLITS,
+    PRECISIONS,
     SCRATCH,
     SPLITS,
 )
@@ -63,7 +67,8 @@ class OptimizerParams(Section):
 
 
 class FinetuneParams(OptimizerParams):
-    epochs: float = Field(1, gt=0)
+    # 0: no training; the prepared model (a fine-tuned checkpoint with the task's labels) is evaluated as it is.
+    epochs: float = Field(1, ge=0)
     learning_rate: float = Field(1e-4, gt=0)
 
 
@@ -147,20 +152,46 @@ class RecoverParams(OptimizerParams):
     steps: int = Field(50, ge=1)
 
 
+Precision = Literal[PRECISIONS]
+
+
 class BenchmarkParams(Section):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1)
     seq_len: int = Field(128, ge=1)
     repeats: int = Field(3, ge=1)
     attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
+    # Each model is timed at each of these (autocast for bf16/fp16), beside runtime.precision's own run.
+    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
 
 
 EXPERIMENT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
+def _a_device(v: str) -> str:
+    if not re.fullmatch(DEVICE_PATTERN, v):
+        raise ValueError(f"must be {DEVICES}")
+    return v
+
+
+class RuntimeParams(Section):
+    """Where every stage runs its models (pipeline/core/runtime.py). `precision` changes results, so the stages
+    declare it as a DVC param; `device` is an execution setting (EXECUTION_SETTINGS): the same params give the
+    same results on any device up to floating-point rounding, and moving a run to a GPU must not invalidate it."""
+
+    device: Annotated[str, AfterValidator(_a_device)] = "auto"  # auto, cpu, cuda, cuda:N
+    precision: Precision = "fp32"
+
+
+# Params that say how to run, not what to compute: read by the stages, never declared as DVC params (the params
+# tracer does not record them), so changing them reruns nothing.
+EXECUTION_SETTINGS = frozenset({"runtime.device"})
+
+
 class ExperimentSection(Section):
-    """What every experiment's params share: its name, and the output folders named after it."""
+    """What every experiment's params share: its name, where it runs, and the output folders named after it."""
 
     experiment: str
+    runtime: RuntimeParams = RuntimeParams()
 
     @property
     def report_dir(self) -> Path:
@@ -319,6 +350,7 @@ class TranslationBenchmarkParams(Section):
     new_tokens: int = Field(16, ge=1)  # every model decodes exactly this many tokens: equal work
     repeats: int = Field(3, ge=1)
     attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
+    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
 
 
 class TranslationParams(ExperimentSection):
@@ -381,7 +413,7 @@ def _describe(error: ValidationError, root: type[BaseModel]) -> str:
             prefix = f"{key}." if e["loc"] else ""
             lines.append(f"{prefix}{e['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})")
     return "; ".join(lines)
 
 

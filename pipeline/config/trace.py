@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from pipeline.config.params import EXECUTION_SETTINGS
+
 TRACE_ENV = "SIXTEEN_HEADS_PARAMS_TRACE"
 
 
@@ -35,7 +37,8 @@ class TracedParams:
             return value  # a property (derived from fields it reads itself) or a method of the top level
         if isinstance(value, BaseModel):
             return TracedParams(value, reads, f"{prefix}{name}.")
-        reads.add(f"{prefix}{name}")
+        if f"{prefix}{name}" not in EXECUTION_SETTINGS:  # how to run, not what: never a DVC param
+            reads.add(f"{prefix}{name}")
         return value
 
     def __setattr__(self, name: str, value) -> None:

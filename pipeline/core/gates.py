@@ -45,7 +45,11 @@ def _gate_input(x: torch.Tensor, gate: torch.Tensor, units: int, batch_dim: int)
         shape = [1] * (x.dim() - 1) + [units, 1]
         shape[batch_dim] = gate.shape[0]
         scale = gate.view(shape)
-    return (blocks * scale.to(x.dtype)).view_as(x)
+    # The product in the gate's precision (fp32), so that under half-precision autocast the gate's gradient, a sum
+    # over batch and positions, is accumulated in fp32 too; for an fp32 model this is the plain product.
+    if scale.dtype != x.dtype:
+        return (blocks.to(scale.dtype) * scale).to(x.dtype).view_as(x)
+    return (blocks * scale).view_as(x)
 
 
 @contextmanager

@@ -19,6 +19,10 @@ ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
 KINDS = (ENCODER, DECODER, CROSS)
 KIND_LABELS = {ENCODER: "encoder self-attention", DECODER: "decoder self-attention", CROSS: "cross-attention"}
 CLASSIFICATION_METRICS = ("accuracy", "matthews", "f1")
+# --- where models run (the `runtime` params; pipeline/core/runtime.py maps them to torch) -------------
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = "auto, cpu, cuda or cuda:N"  # auto: the GPU when there is one
+DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 BLEU = "bleu"
 
 # --- the claims' thresholds (prune.json, the report) ---------------------------------------------------

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from transformers import MarianMTModel, PreTrainedTokenizerBase
 
 from pipeline.core.importance import LABEL_PAD
+from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.mt.marian import collate_pairs, decoder_inputs
 from pipeline.training.optim import adamw, train_step
 
@@ -82,8 +83,10 @@ def train_translation(
     checkpoint_steps: Collection[int] = (),
     on_checkpoint: Callable[[int, MarianMTModel], None] | None = None,
     progress: bool = True,
+    runtime: Runtime = CPU_FP32,
 ) -> list[float]:
-    """Train `model` in place for cfg.steps optimisation steps; returns every step's training loss.
+    """Train `model` in place, on its device, for cfg.steps optimisation steps, the forward passes at `runtime`'s
+    precision; returns every step's training loss.
 
     `train_dataset` holds input_ids and labels (tokenize_pairs). The loss is the label-smoothed
     cross-entropy averaged over the batch's target tokens (so longer sentences weigh more, as in
@@ -119,6 +122,7 @@ def train_translation(
     generator = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)  # dropout masks
     device = next(model.parameters()).device
+    scaler = runtime.grad_scaler()
 
     def checkpoint(step: int) -> None:
         if step in checkpoint_steps:
@@ -135,14 +139,15 @@ def train_translation(
                 batch = collate_pairs([src[i] for i in rows], [tgt[i] for i in rows], pad_id)
                 batch = {k: v.to(device) for k, v in batch.items()}
                 labels = batch.pop("labels")
-                logits = model(**batch, decoder_input_ids=decoder_inputs(labels, start_id, pad_id)).logits
+                with runtime.autocast():
+                    logits = model(**batch, decoder_input_ids=decoder_inputs(labels, start_id, pad_id)).logits
                 loss = F.cross_entropy(
                     logits.float().flatten(0, 1),
                     labels.flatten(),
                     ignore_index=LABEL_PAD,
                     label_smoothing=cfg.label_smoothing,
                 )
-                losses.append(train_step(loss, model, optimizer, scheduler, cfg.max_grad_norm))
+                losses.append(train_step(loss, model, optimizer, scheduler, cfg.max_grad_norm, scaler))
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
                 checkpoint(len(losses))

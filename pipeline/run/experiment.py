@@ -33,6 +33,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from pipeline.config.params import Params, ParamsError, TranslationParams, load_params
 from pipeline.config.trace import traced
 from pipeline.core.checkpoint import load_model, save_model
+from pipeline.core.runtime import CPU_FP32, Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import (
     BASE_MODEL_DIR,
@@ -67,6 +68,7 @@ def _stage_name() -> str:
 class Experiment:
     params: Params | TranslationParams
     params_file: str = "params.yaml"
+    resolved_runtime: Runtime = CPU_FP32  # `runtime` of the params, resolved on this machine (from_params_file)
 
     @classmethod
     def from_cli(cls, argv: list[str] | None = None) -> Experiment:
@@ -85,9 +87,17 @@ class Experiment:
         datasets.disable_progress_bars()
         try:
             params = load_params(path)
-        except ParamsError as error:
+            runtime = resolve_runtime(params.runtime.device, params.runtime.precision)
+        except (ParamsError, RuntimeUnavailable) as error:
             raise SystemExit(f"error: {error}") from None
-        return cls(traced(params, _stage_name()), str(path))
+        return cls(traced(params, _stage_name()), str(path), runtime)
+
+    @property
+    def runtime(self) -> Runtime:
+        """Where this stage's models run, at what precision. Reading it reads `runtime.precision` (a DVC param of
+        every stage that runs a model); the device is an execution setting, not tracked."""
+        assert self.params.runtime.precision == self.resolved_runtime.precision
+        return self.resolved_runtime
 
     @property
     def is_translation(self) -> bool:
@@ -158,15 +168,13 @@ class Experiment:
         torch.manual_seed(self.params.seed)  # the fresh classification head's initialisation
         return AutoModelForSequenceClassification.from_pretrained(
             self.base_model_dir, num_labels=self.task()["num_labels"],
-            attn_implementation=self.params.model.attn_implementation)
+            attn_implementation=self.params.model.attn_implementation).to(self.runtime.device)
 
     def load(self, path: Path) -> torch.nn.Module:
-        """A model folder written by `save` (or prepare's base model)."""
+        """A model folder written by `save` (or prepare's base model), on the runtime's device."""
         if self.is_fairseq:
-            # On the GPU when there is one: the paper's WMT model decodes thousands of sentences per evaluation.
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            return self._fairseq_checkpoint(path / FAIRSEQ_CHECKPOINT, data_bin=path).to(device)
-        return load_model(path, attn_implementation=self.params.model.attn_implementation)
+            return self._fairseq_checkpoint(path / FAIRSEQ_CHECKPOINT, data_bin=path).to(self.runtime.device)
+        return load_model(path, attn_implementation=self.params.model.attn_implementation).to(self.runtime.device)
 
     def save(self, model: torch.nn.Module, path: Path) -> Path:
         """Write `model` (pruned or not) to the folder `path`, atomically, in its backend's format: a Hugging

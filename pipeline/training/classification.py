@@ -11,6 +11,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 
+from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.tasks.evaluation import training_batches
 from pipeline.training.optim import adamw, train_step
 
@@ -29,9 +30,10 @@ class TrainConfig:
 
 def finetune(
     model: nn.Module, train: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, config: TrainConfig,
-    progress: bool = True,
+    progress: bool = True, runtime: Runtime = CPU_FP32,
 ) -> list[float]:
-    """Train `model` in place; returns the loss of every step."""
+    """Train `model` in place, on its device, with the forward passes at `runtime`'s precision; returns the
+    loss of every step."""
     if (config.epochs is None) == (config.steps is None):
         raise ValueError("give exactly one of epochs or steps")
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
@@ -41,13 +43,15 @@ def finetune(
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)  # dropout masks
     device = next(model.parameters()).device
+    scaler = runtime.grad_scaler()
     model.train()
     losses: list[float] = []
     with tqdm(total=total, desc="fine-tune", disable=not progress) as bar:
         while len(losses) < total:
             for batch in training_batches(train, tokenizer, config.batch_size, generator):
-                loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
-                losses.append(train_step(loss, model, optimizer, scheduler, config.max_grad_norm))
+                with runtime.autocast():
+                    loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+                losses.append(train_step(loss, model, optimizer, scheduler, config.max_grad_norm, scaler))
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
                 if len(losses) == total:

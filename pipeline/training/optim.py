@@ -34,12 +34,23 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     max_grad_norm: float,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> float:
     """One optimisation step on `loss`: backward, clip the gradient norm, step the optimiser and the
-    learning-rate schedule, clear the gradients. Returns the loss as a float."""
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
+    learning-rate schedule, clear the gradients. Returns the loss as a float.
+
+    With an enabled `scaler` (fp16), the loss is scaled before backward and the gradients unscaled before
+    clipping; a step whose gradients overflowed is skipped, as GradScaler does, and the scale shrinks."""
+    if scaler is None or not scaler.is_enabled():
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.item()
