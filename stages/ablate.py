@@ -30,7 +30,7 @@ def model_and_eval(params_file: str) -> tuple[torch.nn.Module, TaskEval]:
     if exp.is_translation:
         return model, exp.translation_eval(p.ablate.split, p.ablate.max_examples)
     eval_set = exp.eval_sets((p.ablate.split,), p.ablate.max_examples)[p.ablate.split]
-    return model, ClassificationEval(eval_set, exp.task()["metric"])
+    return model, ClassificationEval(eval_set, exp.task()["metric"], exp.runtime)
 
 
 def main() -> None:

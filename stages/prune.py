@@ -38,11 +38,16 @@ def sweep_evals(exp: Experiment, max_examples: int | None) -> dict:
     if exp.is_translation:
         return {"test": exp.translation_eval("test", max_examples)}
     sets = exp.eval_sets(max_examples=max_examples)
-    return {split: ClassificationEval(eval_set, exp.task()["metric"]) for split, eval_set in sets.items()}
+    return {split: ClassificationEval(eval_set, exp.task()["metric"], exp.runtime) for split, eval_set in sets.items()}
 
 
 def main() -> None:
     exp = Experiment.from_cli()
+    with exp.runtime.autocast():  # every evaluation, importance and tuning pass at the runtime's precision
+        prune(exp)
+
+
+def prune(exp: Experiment) -> None:
     p, pp = exp.params, exp.params.prune
     model = exp.load(exp.finetuned_dir)
     evals = sweep_evals(exp, pp.max_examples)

@@ -21,9 +21,11 @@ def main() -> None:
     rows = []
     for fraction in p.prune.save_fractions:
         model = exp.load(exp.pruned_dir(fraction))
-        before = evaluate(model, test, task["metric"])[0]
-        finetune(model, train, tokenizer, config)
-        after = evaluate(model, test, task["metric"])[0]
+        with exp.runtime.autocast():
+            before = evaluate(model, test, task["metric"])[0]
+        finetune(model, train, tokenizer, config, runtime=exp.runtime)
+        with exp.runtime.autocast():
+            after = evaluate(model, test, task["metric"])[0]
         rows.append(dict(fraction_pruned=fraction, metric_before=before, metric_after=after))
         log.info("recover: %.0f%% pruned, test %.2f -> %.2f after %d steps", 100 * fraction, before, after, r.steps)
     write_csv(exp.reports / "recovery.csv", pd.DataFrame(rows))

@@ -15,7 +15,8 @@ def main() -> None:
     p = exp.params
     model = exp.load(exp.finetuned_dir)
     batches = exp.score_batches()
-    raw = head_importance(model, batches)
+    with exp.runtime.autocast():  # gates and their gradient sums stay fp32 (pipeline/core/gates.py)
+        raw = head_importance(model, batches)
     normalised = normalize_per_layer(raw, p.score.normalize_p)
     rows = [dict(kind=site.kind, layer=site.layer, head=head, importance=float(n), importance_raw=float(r))
             for site, n_site, r_site in zip(attention_sites(model), normalised, raw, strict=True)

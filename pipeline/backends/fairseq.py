@@ -34,6 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.checkpoint import apply_pruning_record, check_pruned_shapes, pruning_record
+from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import UnsupportedModelError
 from pipeline.files.atomic import write_bytes
 from pipeline.files.schema import EVAL_SPLITS, SPLITS
@@ -474,18 +475,20 @@ class FairseqTranslationEval:
 
     def __init__(self, sources: Sequence[torch.Tensor], references: Sequence[str], beam: int = 1,
                  batch_size: int = 64, max_len_a: float = 1.2, max_len_b: int = 10, post_process: str | None = None,
-                 detokenize: Callable[[str], str] | None = None):
+                 detokenize: Callable[[str], str] | None = None, runtime: Runtime = CPU_FP32):
         if len(sources) != len(references):
             raise ValueError(f"{len(sources)} sources but {len(references)} references")
         self.sources, self.references = list(sources), list(references)
         self.beam, self.batch_size, self.max_len_a, self.max_len_b = beam, batch_size, max_len_a, max_len_b
         self.post_process, self.detokenize = post_process, detokenize
+        self.runtime = runtime  # decodes under its autocast, also on a Dask worker
 
     def __len__(self) -> int:
         return len(self.sources)
 
     def __call__(self, model: FairseqSeq2Seq) -> tuple[float, list[str]]:
-        best = generate(model, self.sources, self.beam, self.batch_size, self.max_len_a, self.max_len_b)
+        with self.runtime.autocast():
+            best = generate(model, self.sources, self.beam, self.batch_size, self.max_len_a, self.max_len_b)
         hypotheses = [to_text(model, hypothesis["tokens"], self.post_process) for hypothesis in best]
         if self.detokenize is not None:
             hypotheses = [self.detokenize(h) for h in hypotheses]

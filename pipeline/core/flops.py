@@ -18,11 +18,12 @@ from torch.utils.flop_counter import FlopCounterMode
 def module_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, int]:
     """FLOPs of one forward pass of `model` on `inputs`, per module: each module's name (as in
     `named_modules`, "" for the whole model) maps to the FLOPs run inside it, its submodules included."""
+    device = next(model.parameters()).device
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(**inputs)
+            model(**{k: v.to(device) for k, v in inputs.items()})
     finally:
         model.set_attn_implementation(previous)
     root = type(model).__name__

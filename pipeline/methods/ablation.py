@@ -99,7 +99,11 @@ def ablation_tables(
         stack = layer_stack(model, site.kind)
         # Replay counts one model call per batch, which holds for encoders but not for generate().
         replay = (site.layer > 0 and not model.config.is_encoder_decoder and isinstance(task_eval, ClassificationEval))
-        outputs = record_block_outputs(model, stack[site.layer - 1], task_eval.eval_set) if replay else None
+        if replay:
+            with task_eval.runtime.autocast():  # what the unreplayed evaluation would compute
+                outputs = record_block_outputs(model, stack[site.layer - 1], task_eval.eval_set)
+        else:
+            outputs = None
         with head_gates(model) as gates, (
             replay_blocks_below(model, stack, site.layer, outputs) if replay else nullcontext()
         ):

@@ -312,6 +312,7 @@ def _query_input(layout, args: tuple, kwargs: dict) -> torch.Tensor:
 def _solve_scales(ata: torch.Tensor, atb: torch.Tensor, damping: float) -> torch.Tensor | None:
     """argmin_m ||A m - b||^2 + lambda ||m - 1||^2 from the normal equations, or None when the system is
     degenerate or the scales come out wild (|m| > 10, as Kwon's code bounds them): then the units keep 1."""
+    ata, atb = ata.cpu(), atb.cpu()  # a small fp64 system: solved on the CPU, the same on every device
     ones = torch.ones_like(atb)
     lam = damping * ata.diagonal().mean().clamp(min=1e-12)
     delta = torch.linalg.solve(ata + lam * torch.eye(len(atb), dtype=ata.dtype), atb - ata @ ones)
@@ -338,6 +339,8 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
     if any(site.kind != ENCODER for site in s_sites) or len(s_sites) != len(s_ffn):
         raise ValueError("tuning supports encoder-only models (one attention and one FFN sublayer per layer); "
                          f"{type(student).__name__} has {len(s_sites)} attention and {len(s_ffn)} FFN sites")
+    device = next(student.parameters()).device
+    batches = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
     masks = [batch["attention_mask"] for batch in batches]
     inputs = [{k: v for k, v in batch.items() if k != "labels"} for batch in batches]
     last = len(s_sites) - 1
@@ -382,8 +385,8 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
             entry, exit_ = entry_exit(s_sites, s_ffn, kind, i)
             weight = exit_.weight.double()  # [hidden, units * width]
             bias = exit_.bias.double() if exit_.bias is not None else 0.0
-            ata = torch.zeros(units, units, dtype=torch.float64)
-            atb = torch.zeros(units, dtype=torch.float64)
+            ata = torch.zeros(units, units, dtype=torch.float64, device=weight.device)
+            atb = torch.zeros(units, dtype=torch.float64, device=weight.device)
 
             def grab_residual(_m, args, kwargs, layout=s_sites[i].layout, kind=kind):
                 captured["residual"] = _query_input(layout, args, kwargs) if kind == "attention" else args[0]
@@ -422,7 +425,7 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
                 outcome["kept_at_one"] += 1
                 continue
             gates = h_gates if kind == "attention" else n_gates
-            gates[i] = scales.to(gates[i].dtype)
+            gates[i] = scales.to(device=gates[i].device, dtype=gates[i].dtype)
             outcome["tuned"] += 1
         # Fold the scales into the output projections' columns, so no gate is needed at inference.
         for gate, site in zip(h_gates, s_sites, strict=True):

@@ -9,6 +9,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import MarianMTModel, PreTrainedTokenizerBase
 
+from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.mt.bleu import bleu, bleu_paired_pvalue, check_lengths
 
 
@@ -61,17 +62,19 @@ class TranslationEval:
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, sources: Sequence[str], references: Sequence[str],
-                 num_beams: int = 1, batch_size: int = 64, max_new_tokens: int = 64):
+                 num_beams: int = 1, batch_size: int = 64, max_new_tokens: int = 64, runtime: Runtime = CPU_FP32):
         check_lengths(references, sources=sources)
         self.tokenizer, self.sources, self.references = tokenizer, list(sources), list(references)
         self.num_beams, self.batch_size, self.max_new_tokens = num_beams, batch_size, max_new_tokens
+        self.runtime = runtime  # decodes under its autocast, also on a Dask worker
 
     def __len__(self) -> int:
         return len(self.sources)
 
     def __call__(self, model: MarianMTModel) -> tuple[float, list[str]]:
-        hypotheses = translate(model, self.tokenizer, self.sources, self.num_beams, self.batch_size,
-                               self.max_new_tokens)
+        with self.runtime.autocast():
+            hypotheses = translate(model, self.tokenizer, self.sources, self.num_beams, self.batch_size,
+                                   self.max_new_tokens)
         return bleu(hypotheses, self.references)[0], hypotheses
 
     def pvalue(self, outputs: Sequence[str], baseline: Sequence[str], n_resamples: int, seed: int) -> float:

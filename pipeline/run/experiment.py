@@ -33,7 +33,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from pipeline.config.params import Params, ParamsError, TranslationParams, load_params
 from pipeline.config.trace import traced
 from pipeline.core.checkpoint import load_model, save_model
-from pipeline.core.runtime import CPU_FP32, Runtime, RuntimeUnavailable, resolve_runtime
+from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import (
     BASE_MODEL_DIR,
@@ -68,7 +68,7 @@ def _stage_name() -> str:
 class Experiment:
     params: Params | TranslationParams
     params_file: str = "params.yaml"
-    resolved_runtime: Runtime = CPU_FP32  # `runtime` of the params, resolved on this machine (from_params_file)
+    resolved_runtime: Runtime | None = None  # `runtime` of the params resolved on this machine (from_params_file)
 
     @classmethod
     def from_cli(cls, argv: list[str] | None = None) -> Experiment:
@@ -96,8 +96,10 @@ class Experiment:
     def runtime(self) -> Runtime:
         """Where this stage's models run, at what precision. Reading it reads `runtime.precision` (a DVC param of
         every stage that runs a model); the device is an execution setting, not tracked."""
-        assert self.params.runtime.precision == self.resolved_runtime.precision
-        return self.resolved_runtime
+        precision = self.params.runtime.precision  # read here, so that the params tracer sees the stage read it
+        if self.resolved_runtime is not None:
+            return self.resolved_runtime
+        return resolve_runtime(self.params.runtime.device, precision)
 
     @property
     def is_translation(self) -> bool:
@@ -259,9 +261,10 @@ class Experiment:
             return fb.FairseqTranslationEval([torch.tensor(ids) for ids in data["input_ids"][:]], data["target"][:],
                                              num_beams or t.sweep_num_beams, t.batch_size, max_len_a=0,
                                              max_len_b=t.max_new_tokens, post_process=m.post_process,
-                                             detokenize=fb.detokenizer(m.detokenize, self.task()["target_lang"]))
+                                             detokenize=fb.detokenizer(m.detokenize, self.task()["target_lang"]),
+                                             runtime=self.runtime)
         return TranslationEval(self.tokenizer(), data["source"][:], data["target"][:],
-                               num_beams or t.sweep_num_beams, t.batch_size, t.max_new_tokens)
+                               num_beams or t.sweep_num_beams, t.batch_size, t.max_new_tokens, self.runtime)
 
     def split(self, name: str) -> datasets.Dataset:
         data = self.splits()

@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
+from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.tasks.metrics import compute_metric, paired_bootstrap_pvalue
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -114,15 +115,18 @@ class ClassificationEval:
     """Scores a model on one evaluation split: what the ablation and pruning sweeps call, once per
     masked or pruned model. `TranslationEval` (pipeline/mt/decoding.py) is the same thing with BLEU."""
 
-    def __init__(self, eval_set: EvalSet, metric: str):
-        self.eval_set, self.metric = eval_set, metric
+    def __init__(self, eval_set: EvalSet, metric: str, runtime: Runtime = CPU_FP32):
+        # The runtime's precision goes with the evaluation, so that a sweep's shards on other processes (Dask
+        # workers) evaluate under the same autocast as the stage.
+        self.eval_set, self.metric, self.runtime = eval_set, metric, runtime
 
     def __len__(self) -> int:
         return len(self.eval_set)
 
     def __call__(self, model: nn.Module) -> tuple[float, np.ndarray]:
         """(score, per-example outputs for `pvalue`)."""
-        return evaluate(model, self.eval_set, self.metric)
+        with self.runtime.autocast():
+            return evaluate(model, self.eval_set, self.metric)
 
     def pvalue(self, outputs: np.ndarray, baseline: np.ndarray, n_resamples: int, seed: int) -> float:
         return paired_bootstrap_pvalue(self.metric, outputs, baseline, self.eval_set.labels, n_resamples, seed)
