@@ -5,7 +5,9 @@ The stages run in this process, in a tiny project folder (tests/tiny_project.py'
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -15,13 +17,14 @@ import transformers
 import yaml
 
 from pipeline.config.params import ParamsError, parse_params
+from pipeline.config.trace import TracedParams
 from pipeline.core.checkpoint import load_model
 from pipeline.files.schema import FINETUNED_DIR
 from pipeline.run.experiment import Experiment
 from pipeline.tasks.classification import HeadMismatch, checkpoint_label_order
 from pipeline.tasks.evaluation import evaluate, make_eval_set
 from stages import finetune, prepare
-from tests.tiny_project import tiny_params, write_tiny_assets
+from tests.tiny_project import ROOT, tiny_params, undeclared_params, write_tiny_assets
 
 
 @pytest.fixture
@@ -147,3 +150,21 @@ def test_head_labels_are_allowed_only_with_epochs_0():
     with pytest.raises(ParamsError, match="finetune.head_labels: only with epochs: 0"):
         parse_params({"finetune": {"epochs": 1, "head_labels": ["a", "b"]}})
     assert parse_params({"finetune": {"epochs": 0, "head_labels": ["a", "b"]}}).finetune.head_labels == ["a", "b"]
+
+
+def test_head_labels_reorder_a_label_k_head_and_the_stage_reads_only_params_dvc_tracks(project):
+    frame = pd.read_csv(project / "data.csv")
+    frame["label"] = frame["label"].map({0: "neg", 1: "pos"})
+    frame.to_csv(project / "data.csv", index=False)
+    original = save_classifier(project, "fine_tuned")  # id2label LABEL_0, LABEL_1: the order is the user's word
+    write_params(project, "fine_tuned", head_labels=["pos", "neg"])
+    shutil.copy(ROOT / "dvc.yaml", project / "dvc.yaml")
+    prepare.classification(Experiment.from_params_file("params.yaml"))
+    exp = Experiment.from_params_file("params.yaml")
+    reads: set[str] = set()
+    finetune.classification(dataclasses.replace(exp, params=TracedParams(exp.params, reads)))
+    assert torch.equal(load_model(exp.finetuned_dir).classifier.weight, original.classifier.weight.flip(0))
+    assert "finetune.head_labels" in reads and "finetune.epochs" in reads
+    (project / "trace").mkdir()
+    (project / "trace" / "finetune.json").write_text(json.dumps(sorted(reads)))
+    assert undeclared_params(project, "dvc.yaml", project / "trace") == {}
