@@ -108,10 +108,15 @@ def test_epochs_0_reorders_a_named_head_to_the_tasks_labels(project):
     assert result["test"] == pytest.approx(100 * float(np.mean(flipped == eval_set.labels)))
 
 
-@pytest.mark.parametrize("case", ["bare encoder", "other num_labels", "other label names"])
+@pytest.mark.parametrize("case", ["bare encoder", "head weights missing", "other num_labels", "other label names"])
 def test_epochs_0_refuses_a_model_without_the_tasks_head_in_one_line_before_writing(project, case):
     if case == "bare encoder":
         save_classifier(project, "model", bare=True)
+    elif case == "head weights missing":  # a classifier's config over an encoder's weights: the head would be new
+        save_classifier(project, "model", bare=True)
+        config = json.loads((project / "model" / "config.json").read_text())
+        config["architectures"] = ["BertForSequenceClassification"]
+        (project / "model" / "config.json").write_text(json.dumps(config))
     elif case == "other num_labels":
         save_classifier(project, "model", num_labels=3)
     else:
@@ -127,6 +132,8 @@ def test_epochs_0_refuses_a_model_without_the_tasks_head_in_one_line_before_writ
     message = str(refused.value)
     assert message.startswith("error: finetune.epochs: 0") and "model.name_or_path" in message
     assert "\n" not in message and "allowed:" in message
+    if case == "head weights missing":
+        assert "classifier." in message and "initialised at random" in message
     assert not (project / exp.artifacts / FINETUNED_DIR).exists()
     assert not (project / exp.reports / "finetune.json").exists()
 
