@@ -13,7 +13,7 @@ from transformers import MarianConfig
 
 from pipeline.core.checkpoint import save_model
 from pipeline.files.atomic import staged_dir, write_csv, write_json
-from pipeline.files.schema import BLEU, EVAL_SPLITS, checkpoint_name
+from pipeline.files.schema import BLEU, EVAL_SPLITS, SPLITS, checkpoint_name
 from pipeline.mt.bleu import bleu
 from pipeline.mt.marian import new_marian
 from pipeline.mt.training import TranslationTrainConfig, train_translation
@@ -24,19 +24,27 @@ from pipeline.training.classification import TrainConfig, finetune
 
 def classification(exp: Experiment) -> None:
     p, task = exp.params, exp.task()
-    model, tokenizer = exp.base_classifier(), exp.tokenizer()
-    config = TrainConfig(batch_size=p.finetune.batch_size, learning_rate=p.finetune.learning_rate,
-                         warmup_ratio=p.finetune.warmup_ratio, weight_decay=p.finetune.weight_decay,
-                         epochs=p.finetune.epochs, seed=p.seed)
+    tokenizer = exp.tokenizer()
     start = time.perf_counter()
-    losses = finetune(model, exp.splits()["train"], tokenizer, config, runtime=exp.runtime)
+    if p.finetune.epochs == 0:  # a fine-tuned checkpoint, pruned as it is: the model as prepared, its own head
+        model, losses = exp.checkpoint_classifier(), []
+    else:
+        model = exp.base_classifier()
+        config = TrainConfig(batch_size=p.finetune.batch_size, learning_rate=p.finetune.learning_rate,
+                             warmup_ratio=p.finetune.warmup_ratio, weight_decay=p.finetune.weight_decay,
+                             epochs=p.finetune.epochs, seed=p.seed)
+        losses = finetune(model, exp.splits()["train"], tokenizer, config, runtime=exp.runtime)
     seconds = time.perf_counter() - start
     with exp.runtime.autocast():
-        scores = {split: evaluate(model, es, task["metric"])[0] for split, es in exp.eval_sets().items()}
+        # Also the splits beyond train/dev/test that the data brings (MNLI's mismatched validation set).
+        extra = tuple(split for split in exp.splits() if split not in SPLITS)
+        scores = {split: evaluate(model, es, task["metric"])[0]
+                  for split, es in exp.eval_sets((*EVAL_SPLITS, *extra)).items()}
     save_model(model, exp.finetuned_dir, tokenizer)
     write_json(exp.reports / "finetune.json", {
         "metric": task["metric"], **scores, "model": task["model"], "data": task["data"],
-        "data_attribution": task["data_attribution"], "train_loss_last": losses[-1], "train_seconds": round(seconds),
+        "data_attribution": task["data_attribution"], "train_steps": len(losses),
+        "train_loss_last": losses[-1] if losses else None, "train_seconds": round(seconds),
     })
     log.info("finetune: %s dev %.2f, test %.2f (%d steps, %.0f s)", task["metric"], scores["dev"], scores["test"],
              len(losses), seconds)

@@ -70,6 +70,20 @@ class FinetuneParams(OptimizerParams):
     # 0: no training; the prepared model (a fine-tuned checkpoint with the task's labels) is evaluated as it is.
     epochs: float = Field(1, ge=0)
     learning_rate: float = Field(1e-4, gt=0)
+    # epochs 0 only: what each output of the checkpoint's head means, in order, for a checkpoint whose config names
+    # them LABEL_0, LABEL_1, ... (e.g. textattack/bert-base-uncased-MNLI: [contradiction, entailment, neutral]);
+    # the head is reordered to the task's labels. null: the config's names, or (LABEL_k) the task's own order.
+    head_labels: list[str] | None = Field(None, min_length=2)
+
+    @model_validator(mode="after")
+    def _head_labels_of_a_checkpoint(self) -> FinetuneParams:
+        if self.head_labels is not None:
+            if self.epochs != 0:
+                raise ValueError("head_labels: only with epochs: 0 (a fine-tuned checkpoint evaluated as it is); "
+                                 "with training the head is new")
+            if len({name.lower() for name in self.head_labels}) != len(self.head_labels):
+                raise ValueError(f"head_labels: {self.head_labels} names a label twice")
+        return self
 
 
 class EvalParams(Section):

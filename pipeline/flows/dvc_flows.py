@@ -9,6 +9,8 @@ nothing of its own, so the two can never disagree.
 
     python -m pipeline.flows experiment -S prune.step=0.05                  # ephemeral: no server needed
     python -m pipeline.flows sweep steps -m prune.step=0.05 -m prune.step=0.2 --workers 2
+    python -m pipeline.flows experiment --params-file experiments/bert-base-mnli.yaml   # a whole params file
+    python -m pipeline.flows sweep paper --member-file experiments/bert-base-sst2.yaml --member-file ...
 """
 
 from __future__ import annotations
@@ -109,6 +111,39 @@ def overridden_params(params_file: Path, overrides: Mapping[str, Any]) -> str:
     rt.dump(tree, buffer)
     parse_params(yaml.safe_load(buffer.getvalue()))
     return buffer.getvalue()
+
+
+def experiment_params(source: Path, overrides: Mapping[str, Any], task: str | None = None) -> str:
+    """The text of the params file `source` (an experiment file, e.g. experiments/bert-base-mnli.yaml) with
+    `overrides` applied, validated, and checked to be of `task` (the pipeline's); ParamsError otherwise."""
+    if not source.is_file():
+        raise ParamsError(f"params file {source} not found")
+    text = overridden_params(source, overrides) if overrides else source.read_text()
+    params = parse_params(yaml.safe_load(text))
+    if task is not None and params.task != task:
+        raise ParamsError(f"{source}: a {params.task} experiment, but the pipeline runs {task} experiments; give "
+                          f"--pipeline {'dvc.yaml' if params.task == 'classification' else 'mt/dvc.yaml'} "
+                          f"(mt-fairseq/dvc.yaml for a fairseq checkpoint)")
+    return text
+
+
+def pipeline_task(workspace: Path, pipeline: str) -> str | None:
+    """The task of the experiments `pipeline` runs: that of the params.yaml beside it (None if there is none)."""
+    beside = workspace / Path(pipeline).parent / "params.yaml"
+    return (yaml.safe_load(beside.read_text()) or {}).get("task", "classification") if beside.is_file() else None
+
+
+def use_params_file(workspace: Path, pipeline: str, source: str | None, overrides: Mapping[str, Any]) -> None:
+    """Make the pipeline's params.yaml in `workspace` the file `source` (relative to the workspace; None: the params
+    file as it is), with `overrides` applied, as `cp FILE params.yaml && dvc exp run -S ...` would; validated before
+    anything is written, and a file it would not change is left untouched."""
+    target = workspace / Path(pipeline).parent / "params.yaml"
+    if source is None:
+        apply_overrides(target, overrides)
+        return
+    text = experiment_params(workspace / source, overrides, pipeline_task(workspace, pipeline))
+    if not target.is_file() or text != target.read_text():
+        write_text(target, text)
 
 
 def apply_overrides(params_file: Path, overrides: Mapping[str, Any]) -> None:
@@ -236,15 +271,17 @@ def run_stage(workspace: str, stage: str, remote: str | None = None, env: dict[s
 
 @flow(name="experiment")
 def experiment(overrides: dict[str, Any] | None = None, workspace: str = ".", pipeline: str = "dvc.yaml",
-               dvc_remote: str | None = None, retries: int = 2, ablate_workers: int = 1) -> dict:
+               dvc_remote: str | None = None, retries: int = 2, ablate_workers: int = 1,
+               params_file: str | None = None) -> dict:
     """Every stage of one experiment, in order, in `workspace`.
 
-    `overrides` ({"prune.step": 0.05}) are written into the params file first, as `dvc exp run -S` does;
+    `params_file` (relative to the workspace, e.g. experiments/bert-base-mnli.yaml) replaces the pipeline's
+    params.yaml first; then `overrides` ({"prune.step": 0.05}) are written into it, as `dvc exp run -S` does.
     `pipeline` is dvc.yaml (classification) or mt/dvc.yaml (translation), with params.yaml beside it.
     `ablate_workers` > 1 shards the single-head ablation over Dask workers (the result is identical).
     """
     root = Path(workspace).resolve()
-    apply_overrides(root / Path(pipeline).parent / "params.yaml", overrides or {})
+    use_params_file(root, pipeline, params_file, overrides or {})
     remote = use_remote(root, dvc_remote or os.environ.get(REMOTE_ENV))
     stage_env = {"ABLATE_WORKERS": str(ablate_workers)}
     results = [run_stage.with_options(retries=retries)(str(root), stage, remote, stage_env)
@@ -278,9 +315,9 @@ def make_workspace(root: Path, dest: Path) -> Path:
 
 @task(name="sweep-member", task_run_name="{member}")
 def sweep_member(workspace: str, sweep_name: str, member: str, overrides: dict[str, Any], pipeline: str,
-                 dvc_remote: str | None, retries: int) -> dict:
+                 dvc_remote: str | None, retries: int, params_file: str | None = None) -> dict:
     dest = make_workspace(Path(workspace), Path(workspace) / SWEEPS_DIR / sweep_name / member)
-    return experiment(overrides, str(dest), pipeline, dvc_remote, retries)
+    return experiment(overrides, str(dest), pipeline, dvc_remote, retries, params_file=params_file)
 
 
 def sweep_task_runner(address: str | None = None, workers: int = 2) -> DaskTaskRunner:
@@ -293,32 +330,45 @@ def sweep_task_runner(address: str | None = None, workers: int = 2) -> DaskTaskR
     return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": False})
 
 
-def comparison_table(members: Mapping[str, Mapping[str, Any]], results: Mapping[str, dict]) -> pd.DataFrame:
-    """One row per member: its overrides, then its DVC metrics."""
+def comparison_table(members: Mapping[str, Mapping[str, Any]], results: Mapping[str, dict],
+                     params_files: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """One row per member: its params file (when the sweep has any), its overrides, then its DVC metrics."""
     rows = []
     for member, overrides in members.items():
         ran = [r["stage"] for r in results[member]["stages"] if r["status"] == "ran"]
-        rows.append({"member": member, **overrides, "stages_ran": len(ran), **results[member]["metrics"]})
+        source = {"params_file": (params_files or {}).get(member)} if params_files else {}
+        rows.append({"member": member, **source, **overrides, "stages_ran": len(ran), **results[member]["metrics"]})
     return pd.DataFrame(rows)
 
 
 @flow(name="sweep", task_runner=sweep_task_runner())
 def sweep(members: dict[str, dict[str, Any]], name: str = "sweep", workspace: str = ".",
-          pipeline: str = "dvc.yaml", dvc_remote: str | None = None, retries: int = 2) -> str:
+          pipeline: str = "dvc.yaml", dvc_remote: str | None = None, retries: int = 2,
+          params_files: dict[str, str] | None = None) -> str:
     """The experiment flow once per member ({"step-05": {"prune.step": 0.05}, ...}), in parallel, each in
-    its own workspace under .sweeps/<name>/; the comparison table goes to reports/sweeps/<name>/."""
+    its own workspace under .sweeps/<name>/; the comparison table goes to reports/sweeps/<name>/.
+    `params_files` ({"bert-base-sst2": "experiments/bert-base-sst2.yaml"}, relative to the workspace) gives a
+    member a whole params file of its own, which its overrides then change."""
     root = Path(workspace).resolve()
-    params_file = root / Path(pipeline).parent / "params.yaml"
+    params_files = params_files or {}
     if not members:
-        raise ParamsError("sweep: no members; give at least one set of overrides")
+        raise ParamsError("sweep: no members; give at least one set of overrides or params file")
+    stray = sorted(set(params_files) - set(members))
+    if stray:
+        raise ParamsError(f"sweep: params_files names {', '.join(stray)}, which are not members")
     for member, overrides in members.items():
-        try:
-            overridden_params(params_file, overrides)  # every member is validated before any runs
+        try:  # every member is validated before any runs
+            if member in params_files:
+                experiment_params(root / params_files[member], overrides, pipeline_task(root, pipeline))
+            else:
+                overridden_params(root / Path(pipeline).parent / "params.yaml", overrides)
         except ParamsError as error:
             raise ParamsError(f"sweep member {member!r}: {error}") from None
-    futures = {member: sweep_member.submit(str(root), name, member, overrides, pipeline, dvc_remote, retries)
+    futures = {member: sweep_member.submit(str(root), name, member, overrides, pipeline, dvc_remote, retries,
+                                           params_files.get(member))
                for member, overrides in members.items()}
-    table = comparison_table(members, {member: future.result() for member, future in futures.items()})
+    table = comparison_table(members, {member: future.result() for member, future in futures.items()},
+                             params_files)
     out = root / "reports" / "sweeps" / name
     write_csv(out / "comparison.csv", table)
     write_text(out / "comparison.md", table.to_markdown(index=False) + "\n")
@@ -339,10 +389,15 @@ def main(argv: list[str] | None = None) -> None:
     one = commands.add_parser("experiment", help="run every stage of one experiment")
     one.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE", help="override a param")
     one.add_argument("--ablate-workers", type=int, default=1, help="shard the ablation over this many Dask workers")
+    one.add_argument("--params-file", metavar="FILE",
+                     help="a whole params file (e.g. experiments/bert-base-mnli.yaml) to run, written over the "
+                          "pipeline's params.yaml before the -S overrides")
     many = commands.add_parser("sweep", help="run the experiment once per member, in parallel")
     many.add_argument("name", help="the sweep's name: reports/sweeps/<name>/comparison.csv")
-    many.add_argument("-m", "--member", action="append", default=[], metavar="'KEY=VALUE ...'", required=True,
+    many.add_argument("-m", "--member", action="append", default=[], metavar="'KEY=VALUE ...'",
                       help="one member's overrides, space-separated (repeat for each member)")
+    many.add_argument("--member-file", action="append", default=[], metavar="FILE",
+                      help="one member that runs a whole params file, named after it (repeat for each member)")
     many.add_argument("--workers", type=int, default=2, help="Dask LocalCluster workers (without an address)")
     many.add_argument("--address", help="a Dask scheduler's address (default: $DASK_SCHEDULER_ADDRESS)")
     for sub in (one, many):
@@ -352,16 +407,27 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         if args.command == "experiment":
-            experiment(parse_overrides(args.set), ".", args.pipeline, args.dvc_remote, args.retries,
-                       args.ablate_workers)
+            overrides = parse_overrides(args.set)
+            if args.params_file:  # checked here too, so that a wrong file fails before Prefect starts
+                experiment_params(Path(args.params_file), overrides, pipeline_task(Path("."), args.pipeline))
+            experiment(overrides, ".", args.pipeline, args.dvc_remote, args.retries, args.ablate_workers,
+                       params_file=args.params_file)
         else:
-            members = {}
+            if not args.member and not args.member_file:
+                parser.error("sweep: give at least one -m/--member or --member-file")
+            members, params_files = {}, {}
             for item in args.member:
                 overrides = parse_overrides(item.split())
                 members[member_name(overrides)] = overrides
+            for path in args.member_file:
+                member = Path(path).stem
+                if member in members:
+                    raise ParamsError(f"sweep: two members named {member!r} ({path})")
+                experiment_params(Path(path), {}, pipeline_task(Path("."), args.pipeline))
+                members[member], params_files[member] = {}, path
             runner = sweep_task_runner(args.address, args.workers)
             sweep.with_options(task_runner=runner)(members, args.name, ".", args.pipeline, args.dvc_remote,
-                                                   args.retries)
+                                                   args.retries, params_files=params_files)
     except (ParamsError, StageFailed) as error:
         raise SystemExit(f"error: {error}") from None
 

@@ -51,6 +51,7 @@ from pipeline.files.schema import (
 )
 from pipeline.mt.decoding import TranslationEval
 from pipeline.mt.marian import collate_pairs
+from pipeline.tasks.classification import HeadMismatch, checkpoint_label_order, reorder_head
 from pipeline.tasks.evaluation import EvalSet, labelled_batches, make_eval_set
 
 log = logging.getLogger("pipeline")
@@ -171,6 +172,33 @@ class Experiment:
         return AutoModelForSequenceClassification.from_pretrained(
             self.base_model_dir, num_labels=self.task()["num_labels"],
             attn_implementation=self.params.model.attn_implementation).to(self.runtime.device)
+
+    def checkpoint_classifier(self) -> torch.nn.Module:
+        """The prepared model as the fine-tuned model (`finetune.epochs: 0`): its own classification head, checked
+        against the task and reordered to the task's labels, with no weight initialised afresh. Anything else exits
+        with one line naming the keys, before the stage writes anything."""
+        task, base = self.task(), self.base_model_dir
+        config = transformers.AutoConfig.from_pretrained(base)
+
+        def refuse(why: str) -> SystemExit:
+            return SystemExit(f"error: finetune.epochs: 0 evaluates model.name_or_path ({task['model']}) as it is, "
+                              f"but {why}; allowed: a fine-tuned *ForSequenceClassification checkpoint with the "
+                              f"task's {task['num_labels']} labels ({', '.join(task['label_names'] or []) or 'ids'}), "
+                              f"or finetune.epochs > 0 to fine-tune a new head")
+
+        try:
+            order = checkpoint_label_order(getattr(config, "architectures", None), config.id2label, config.num_labels,
+                                           task["num_labels"], task["label_names"], self.params.finetune.head_labels)
+        except HeadMismatch as error:
+            raise refuse(str(error)) from None
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            base, attn_implementation=self.params.model.attn_implementation, output_loading_info=True)
+        fresh = [*info.get("missing_keys", []), *info.get("mismatched_keys", [])]
+        if fresh:
+            raise refuse(f"its weights lack {', '.join(map(str, list(fresh)[:4]))}, which would be initialised at "
+                         f"random")
+        reorder_head(model, order, task["label_names"])
+        return model.eval().to(self.runtime.device)
 
     def load(self, path: Path) -> torch.nn.Module:
         """A model folder written by `save` (or prepare's base model), on the runtime's device."""

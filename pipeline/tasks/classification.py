@@ -14,7 +14,8 @@ that says how to read and score it. Sources:
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -347,3 +348,65 @@ def tokenize_splits(
             for name, ds in dsd.items()
         }
     )
+
+
+# --- a fine-tuned checkpoint evaluated as it is (finetune.epochs: 0) ---------------------------------------------
+
+_PLACEHOLDER_LABEL = re.compile(r"LABEL_\d+")
+
+
+class HeadMismatch(ValueError):
+    """A checkpoint whose classification head cannot score the task as it is; the message says why, in one line."""
+
+
+def checkpoint_label_order(architectures: list[str] | None, id2label: Mapping[int, str] | None, num_labels: int,
+                           task_num_labels: int, task_label_names: Sequence[str] | None,
+                           head_labels: Sequence[str] | None = None) -> list[int]:
+    """For each of the task's labels, the output of the checkpoint's head that scores it (identity when they agree).
+
+    The checkpoint must be a `*ForSequenceClassification` with the task's number of labels. Its labels' names come
+    from `head_labels` (the user's word) or else the config's `id2label`, unless those are placeholders (LABEL_0, ...),
+    which say nothing, so the head's order is taken as the task's. Named labels must be the task's (case aside), in
+    any order: the head is then reordered to the task's, so that a prediction keeps meaning what the data's label
+    means. Raises HeadMismatch, in one line, for any other checkpoint.
+    """
+    classifiers = [a for a in architectures or [] if a.endswith("ForSequenceClassification")]
+    if not classifiers:
+        what = ", ".join(architectures) if architectures else "a model whose config names no architecture"
+        raise HeadMismatch(f"it is {what}, with no sequence-classification head")
+    if num_labels != task_num_labels:
+        raise HeadMismatch(f"its {classifiers[0]} head has {num_labels} labels; the task has {task_num_labels}")
+    if head_labels is not None:
+        if len(head_labels) != num_labels:
+            raise HeadMismatch(f"finetune.head_labels names {len(head_labels)} labels; the head has {num_labels}")
+        names = [str(n) for n in head_labels]
+    else:
+        names = [str((id2label or {}).get(i, f"LABEL_{i}")) for i in range(num_labels)]
+        if all(_PLACEHOLDER_LABEL.fullmatch(n) for n in names):
+            return list(range(num_labels))
+    if task_label_names is None:  # the data's labels are bare class ids: no names to match
+        return list(range(num_labels))
+    index = {n.lower(): i for i, n in enumerate(names)}
+    task = [n.lower() for n in task_label_names]
+    if len(index) != len(names) or sorted(index) != sorted(task):
+        raise HeadMismatch(f"its head's labels are {names}; the task's are {list(task_label_names)}")
+    return [index[n] for n in task]
+
+
+def reorder_head(model, order: Sequence[int], label_names: Sequence[str] | None) -> None:
+    """Make output i of `model`'s classification head the one `order[i]` was (rows of its last linear layer), and
+    name its labels `label_names` in the config; identity order changes no weight."""
+    import torch
+
+    if list(order) != list(range(len(order))):
+        heads = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(order)]
+        if not heads:
+            raise HeadMismatch(f"no linear layer with {len(order)} outputs in {type(model).__name__}'s head")
+        head, index = heads[-1], torch.as_tensor(list(order))
+        with torch.no_grad():
+            head.weight.copy_(head.weight[index])
+            if head.bias is not None:
+                head.bias.copy_(head.bias[index])
+    if label_names is not None:
+        model.config.id2label = dict(enumerate(label_names))
+        model.config.label2id = {name: i for i, name in enumerate(label_names)}
