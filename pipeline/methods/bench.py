@@ -42,14 +42,16 @@ def median_time(fn: Callable[[], object], repeats: int, runtime: Runtime = CPU_F
     CUDA runs asynchronously: the device is synchronised before each timer starts and before it stops, so a
     repeat is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
     """
+    # A caller that passes no runtime (the budgeted latency table) may still time CUDA models: synchronise then too.
+    sync = runtime.synchronize if runtime.is_cuda or not torch.cuda.is_initialized() else torch.cuda.synchronize
     with runtime.autocast():
         fn()  # warm-up: allocator, kernel selection (cuBLAS and cuDNN heuristics on a GPU)
         times = []
         for _ in range(repeats):
-            runtime.synchronize()
+            sync()
             start = time.perf_counter()
             fn()
-            runtime.synchronize()
+            sync()
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -252,7 +252,8 @@ def _speed(doc: Doc, inp: Inputs) -> None:
     if bench is None:
         return
     doc.h(1, "Table 4: inference speed")
-    several = len(precisions_in(bench)) > 1
+    order = precisions_in(bench)  # fp32 first
+    several = len(order) > 1
     doc.p(f"Measured on {measured_on(bench)} (device, precision). A speedup compares a pruned model with the "
           f"unpruned one at the same precision, batch size and attention implementation; the ideal speedup is "
           f"the ratio of their forward-pass FLOPs.")
@@ -261,7 +262,8 @@ def _speed(doc: Doc, inp: Inputs) -> None:
 
     if "tokens_per_s" in bench:
         # Decoding speed: the paper's Table 4 measured BERT classification, so it is not set beside it.
-        rows = bench.sort_values(["precision", "attn_implementation", "batch_size", "fraction_pruned"])
+        rows = bench.sort_values(["precision", "attn_implementation", "batch_size", "fraction_pruned"],
+                                 key=lambda c: c.map(order.index) if c.name == "precision" else c)
         doc.h(2, "Decoding speed (every model generates the same number of tokens)")
         doc.table(pd.DataFrame({
             **({"precision": rows["precision"]} if several else {}),
@@ -279,8 +281,9 @@ def _speed(doc: Doc, inp: Inputs) -> None:
         keys = ["precision", "attn_implementation", "fraction_pruned"]
         mem = bench.dropna(subset=["peak_memory_mb"]).drop_duplicates(keys)
         columns = [c for c in ("weights_mb", "activations_mb", "peak_memory_mb") if c in mem]
-        mem = mem.sort_values(keys)[[*(["precision"] if several else []), "attn_implementation", "batch_size",
-                                     "fraction_pruned", *columns]]
+        mem = mem.sort_values(keys, key=lambda c: c.map(order.index) if c.name == "precision" else c)
+        mem = mem[[*(["precision"] if several else []), "attn_implementation", "batch_size", "fraction_pruned",
+                   *columns]]
         mem["fraction_pruned"] = mem["fraction_pruned"].map(pct)
         mem = mem.rename(columns={"attn_implementation": "attention", "batch_size": "batch",
                                   "fraction_pruned": "heads pruned", "weights_mb": "weights (MiB)",
