@@ -8,7 +8,7 @@ TORCH_CPU ?= torch==2.13.0
 # fairseq 0.12.2 does not import on Python 3.11; this maintained fork does (pipeline/backends/fairseq.py).
 FAIRSEQ ?= fairseq-fixed==0.12.3.1
 
-.PHONY: setup test repro repro-mt lint
+.PHONY: setup test repro repro-mt lint gpu-check
 
 setup: $(VENV)/.installed
 
@@ -36,3 +36,9 @@ repro: setup
 # The machine-translation experiment (mt/dvc.yaml, mt/params.yaml): about 45 minutes on 2 CPU cores.
 repro-mt: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro mt/dvc.yaml
+
+# On one CUDA GPU, offline, in at most ~8 minutes: a tiny `dvc repro` with runtime.device cuda and
+# runtime.precision bf16, then Table 4 at BERT-base shape (random weights) at fp32 and bf16, as one table.
+# Without a GPU it says so in one line and fails (pipeline/run/gpu_check.py).
+gpu-check: setup
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pipeline.run.gpu_check

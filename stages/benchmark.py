@@ -4,12 +4,18 @@ at each batch size beside the ideal FLOP speedup, parameters and peak memory. Th
 unpruned model, in a table of their own.
 
 Translation: decoding speed (sentences/s and tokens/s) of the unpruned and pruned models.
+
+Models run on the runtime's device (`runtime.device`). Every model is timed at each precision of
+`benchmark.precisions` (and at `runtime.precision`, if not among them), under autocast; each row names its device
+and precision, and a speedup compares models at the same precision, batch size and attention implementation.
+On a GPU the timer synchronises the device around each repeat and peak memory is CUDA's allocator peak.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import TABLE_COLUMNS
 from pipeline.methods.bench import forward_memory_mb, measure_generation, measure_throughput
@@ -25,22 +31,34 @@ def classification_inputs(exp: Experiment) -> dict:
                          return_tensors="pt")
 
 
-def throughput(exp: Experiment, models: dict) -> list[dict]:
+def runtimes(exp: Experiment) -> list[Runtime]:
+    """The runtime's device at each precision the benchmark times: `benchmark.precisions`, then
+    `runtime.precision` if it is not among them (one line, naming the key, when this machine cannot run one)."""
+    device = exp.runtime.device
+    precisions = list(dict.fromkeys([*exp.params.benchmark.precisions, exp.runtime.precision]))
+    try:
+        return [resolve_runtime(str(device), p) for p in precisions]
+    except RuntimeUnavailable as error:
+        raise SystemExit(f"error: benchmark.precisions: {error}") from None
+
+
+def throughput(exp: Experiment, models: dict, runtime: Runtime) -> list[dict]:
     b = exp.params.benchmark
     encoded = classification_inputs(exp)
     rows = []
     for batch_size in b.batch_sizes:
-        rows += measure_throughput(models, {k: v[:batch_size, : b.seq_len] for k, v in encoded.items()}, b.repeats)
+        rows += measure_throughput(models, {k: v[:batch_size, : b.seq_len] for k, v in encoded.items()}, b.repeats,
+                                   runtime)
     return rows
 
 
-def classification(exp: Experiment, models: dict) -> pd.DataFrame:
+def classification(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame:
     b = exp.params.benchmark
     encoded = classification_inputs(exp)
-    rows = throughput(exp, models)
+    rows = throughput(exp, models, runtime)
     largest = max(b.batch_sizes)
     inputs = {k: v[:largest, : b.seq_len] for k, v in encoded.items()}
-    memory = [dict(fraction_pruned=f, batch_size=largest, **forward_memory_mb(model, inputs))
+    memory = [dict(fraction_pruned=f, batch_size=largest, **forward_memory_mb(model, inputs, runtime))
               for f, model in models.items()]
     # Memory at the largest batch: weights plus the peak of live activations, and their sum.
     table = pd.DataFrame(rows).merge(pd.DataFrame(memory), how="left", on=["fraction_pruned", "batch_size"])
@@ -48,11 +66,12 @@ def classification(exp: Experiment, models: dict) -> pd.DataFrame:
     return table
 
 
-def translation(exp: Experiment, models: dict) -> pd.DataFrame:
+def translation(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame:
     b = exp.params.benchmark
     rows = []
     for batch_size in b.batch_sizes:
-        rows += measure_generation(models, exp.generation_inputs(batch_size), b.new_tokens, b.repeats)
+        rows += measure_generation(models, exp.generation_inputs(batch_size), b.new_tokens, b.repeats,
+                                   runtime=runtime)
     return pd.DataFrame(rows)
 
 
@@ -61,7 +80,9 @@ def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: i
     summary: dict = {}
     for name, frame, column in (("pruned", table, "fraction_pruned"), ("budgeted", budgeted, "budget_removed")):
         for r in frame[(frame.batch_size == batch_size) & (frame[column] > 0)].itertuples():
-            key = f"{r.attn_implementation}@batch{batch_size}"
+            # fp32 keeps the key it had before precisions were timed; another precision names itself.
+            impl = r.attn_implementation if r.precision == "fp32" else f"{r.attn_implementation}-{r.precision}"
+            key = f"{impl}@batch{batch_size}"
             summary.setdefault(key, {})[f"{name}@{getattr(r, column):g}"] = {
                 "speedup": round(float(r.speedup), 4), "ideal_speedup": round(float(r.ideal_speedup), 4)}
     return summary
@@ -70,13 +91,15 @@ def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: i
 def main() -> None:
     exp = Experiment.from_cli()
     b = exp.params.benchmark
+    each = runtimes(exp)
     dirs = {0.0: exp.finetuned_dir, **{f: exp.pruned_dir(f) for f in exp.params.prune.save_fractions}}
     tables = []
     for impl in b.attn_implementations:
         models = {f: exp.load(d) for f, d in dirs.items()}
         for model in models.values():
             model.set_attn_implementation(impl)
-        tables.append((translation if exp.is_translation else classification)(exp, models))
+        for runtime in each:
+            tables.append((translation if exp.is_translation else classification)(exp, models, runtime))
     table = pd.concat(tables, ignore_index=True)
     write_csv(exp.reports / "benchmark.csv", table)
     # A level the budget could not reach (the prune stage logs it) has no model to measure.
@@ -88,19 +111,20 @@ def main() -> None:
             models = {0.0: exp.load(exp.finetuned_dir), **{lv: exp.load(exp.budgeted_dir(lv)) for lv in levels}}
             for model in models.values():
                 model.set_attn_implementation(impl)
-            rows += throughput(exp, models)
+            for runtime in each:
+                rows += throughput(exp, models, runtime)
         budgeted = pd.DataFrame(rows).rename(columns={"fraction_pruned": "budget_removed"})
         for r in budgeted[budgeted.batch_size == max(b.batch_sizes)].itertuples():
-            log.info("benchmark: budgeted-tuned, %.0f%% of the cost removed, batch %d, %s: speedup %.3f "
-                     "(ideal %.3f)", 100 * r.budget_removed, r.batch_size, r.attn_implementation, r.speedup,
-                     r.ideal_speedup)
+            log.info("benchmark: budgeted-tuned, %.0f%% of the cost removed, batch %d, %s, %s %s: speedup %.3f "
+                     "(ideal %.3f)", 100 * r.budget_removed, r.batch_size, r.attn_implementation, r.device,
+                     r.precision, r.speedup, r.ideal_speedup)
     write_csv(exp.reports / "benchmark_budgeted.csv", budgeted)
     largest = max(b.batch_sizes)
     write_json(exp.reports / "benchmark.json", headline_speedups(table, budgeted, largest))
     for r in table[table.batch_size == largest].itertuples():
-        log.info("benchmark: %.0f%% pruned, batch %d, %s: %.1f examples/s, speedup %.3f (ideal %.3f)",
-                 100 * r.fraction_pruned, r.batch_size, r.attn_implementation, r.examples_per_s, r.speedup,
-                 r.ideal_speedup)
+        log.info("benchmark: %.0f%% pruned, batch %d, %s, %s %s: %.1f examples/s, speedup %.3f (ideal %.3f)",
+                 100 * r.fraction_pruned, r.batch_size, r.attn_implementation, r.device, r.precision,
+                 r.examples_per_s, r.speedup, r.ideal_speedup)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,8 @@ def _write_bert(report_dir: Path) -> None:
                     "speedup": speedup,
                     "ideal_speedup": 1.0 if f == 0 else 1.25,
                     "params": 1e8,
+                    "device": "cpu",
+                    "precision": "fp32",
                 }
             )
     pd.DataFrame(bench).to_csv(report_dir / "benchmark.csv", index=False)

@@ -4,19 +4,16 @@ BERT and a small local CSV in the GLUE schema, in a fresh git + DVC repository."
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import transformers
 import yaml
 
 from pipeline.config.trace import TRACE_ENV
+from pipeline.run.tiny_project import make_tiny_project as library_make_tiny_project
+from pipeline.run.tiny_project import tiny_params as library_tiny_params
+from pipeline.run.tiny_project import tool_env
 
 STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,13 +28,10 @@ MT_COLUMNS = {
     "benchmark.csv": ["attn_implementation", "batch_size", "fraction_pruned", "examples_per_s", "tokens_per_s",
                       "speedup", "ideal_speedup", "params"],
 }
-WORDS = "good great fine fun superb moving bad awful dull boring weak poor the a film movie plot cast is was".split()
 
 
 def run(cmd: list[str], cwd: Path, extra_env: dict[str, str] | None = None) -> str:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1", "TQDM_DISABLE": "1", **(extra_env or {})}
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    result = subprocess.run(cmd, cwd=cwd, env=tool_env(extra_env), capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
 
@@ -47,37 +41,12 @@ def ran_stages(output: str) -> list[str]:
 
 
 def tiny_params() -> dict:
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["experiment"] = "tiny"
-    params["model"]["name_or_path"] = "tiny_model"
-    params["data"].update(source="data.csv", max_length=16)
-    params["finetune"].update(epochs=1, batch_size=16)
-    params["eval"]["batch_size"] = 32
-    params["ablate"].update(n_resamples=100, max_examples=12)  # of 16 test examples
-    params["score"].update(max_examples=32, batch_size=16)
-    params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=None)
-    # Off here: the projects of the flow tests exercise DVC and Prefect, not the method; test_pipeline_e2e turns
-    # it on (with_budgeted) for the pipeline's own repository.
-    params["prune"]["budgeted"].update(methods=[], save_levels=[])
-    params["recover"].update(steps=2, batch_size=8)
-    params["benchmark"].update(batch_sizes=[1, 2], seq_len=16, repeats=1)
-    return params
+    return library_tiny_params(ROOT)
 
 
-def write_tiny_assets(root: Path) -> None:
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
-    tokenizer = transformers.BertTokenizerFast(vocab=vocab)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=24, max_position_embeddings=32, num_labels=2)
-    transformers.BertForSequenceClassification(config).save_pretrained(root / "tiny_model")
-    tokenizer.save_pretrained(root / "tiny_model")
-    rng = np.random.default_rng(0)
-    rows = []
-    for _ in range(160):
-        label = int(rng.integers(0, 2))
-        cue = rng.choice(WORDS[:6] if label else WORDS[6:12], size=2)
-        rows.append({"text": " ".join([*rng.choice(WORDS[12:], size=3), *cue]), "label": label})
-    pd.DataFrame(rows).to_csv(root / "data.csv", index=False)
+def make_tiny_project(root: Path, extra_files: tuple[str, ...] = (), params: dict | None = None) -> Path:
+    """A git + DVC repository at `root` with `params` (default: the tiny params); nothing reproduced yet."""
+    return library_make_tiny_project(root, params, extra_files, source=ROOT)
 
 
 def with_budgeted(params: dict) -> dict:
@@ -85,24 +54,6 @@ def with_budgeted(params: dict) -> dict:
     params["prune"]["budgeted"].update(methods=["budgeted-heads", "budgeted", "budgeted-tuned"], levels=[0.2, 0.4],
                                        save_levels=[0.4], fisher_examples=64, tune_examples=32)
     return params
-
-
-def make_tiny_project(root: Path, extra_files: tuple[str, ...] = (), params: dict | None = None) -> Path:
-    """A git + DVC repository at `root` with `params` (default: the tiny params); nothing reproduced yet."""
-    for package in ("pipeline", "stages"):
-        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("dvc.yaml", ".gitignore", ".dvcignore", *extra_files):
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, root / name)
-    (root / "params.yaml").write_text(yaml.safe_dump(params or tiny_params(), sort_keys=False))
-    write_tiny_assets(root)
-    run(["git", "init", "-q"], root)
-    run(["dvc", "init", "-q", "-f"], root)
-    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")  # analytics off, the offline plots template
-    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")  # the tables' plot templates
-    (root / "reports").mkdir()
-    shutil.copy(ROOT / "reports" / "plots_template.html", root / "reports" / "plots_template.html")
-    return root
 
 
 def commit_all(root: Path, message: str) -> None:

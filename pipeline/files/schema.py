@@ -86,8 +86,9 @@ TABLE_COLUMNS = {
     "budgeted_curve.csv": ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
                            "neurons_pruned", "metric", "examples", "seconds"],
     "recovery.csv": ["fraction_pruned", "metric_before", "metric_after"],
+    # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
     "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
-                      "ideal_speedup"],
+                      "ideal_speedup", "device", "precision"],
     "benchmark_budgeted.csv": ["attn_implementation", "batch_size", "budget_removed", "examples_per_s", "speedup",
-                               "ideal_speedup", "params"],
+                               "ideal_speedup", "params", "device", "precision"],
 }

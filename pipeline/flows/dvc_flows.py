@@ -272,18 +272,19 @@ def run_stage(workspace: str, stage: str, remote: str | None = None, env: dict[s
 @flow(name="experiment")
 def experiment(overrides: dict[str, Any] | None = None, workspace: str = ".", pipeline: str = "dvc.yaml",
                dvc_remote: str | None = None, retries: int = 2, ablate_workers: int = 1,
-               params_file: str | None = None) -> dict:
+               params_file: str | None = None, env: dict[str, str] | None = None) -> dict:
     """Every stage of one experiment, in order, in `workspace`.
 
     `params_file` (relative to the workspace, e.g. experiments/bert-base-mnli.yaml) replaces the pipeline's
     params.yaml first; then `overrides` ({"prune.step": 0.05}) are written into it, as `dvc exp run -S` does.
     `pipeline` is dvc.yaml (classification) or mt/dvc.yaml (translation), with params.yaml beside it.
     `ablate_workers` > 1 shards the single-head ablation over Dask workers (the result is identical).
+    `env` is added to every stage's environment (a sweep member's CUDA_VISIBLE_DEVICES).
     """
     root = Path(workspace).resolve()
     use_params_file(root, pipeline, params_file, overrides or {})
     remote = use_remote(root, dvc_remote or os.environ.get(REMOTE_ENV))
-    stage_env = {"ABLATE_WORKERS": str(ablate_workers)}
+    stage_env = {"ABLATE_WORKERS": str(ablate_workers), **(env or {})}
     results = [run_stage.with_options(retries=retries)(str(root), stage, remote, stage_env)
                for stage in pipeline_stages(root, pipeline)]
     return {"workspace": str(root), "stages": results, "metrics": dvc_metrics(root)}
@@ -313,11 +314,32 @@ def make_workspace(root: Path, dest: Path) -> Path:
     return dest
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them: that variable's list when it is set,
+    else one per GPU that `nvidia-smi -L` lists (none without a driver). No torch import: flows stay light."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [d.strip() for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    listed = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    count = sum(line.startswith("GPU ") for line in listed.stdout.splitlines()) if listed.returncode == 0 else 0
+    return [str(i) for i in range(count)]
+
+
+def member_gpu_env(index: int, gpus: Sequence[str]) -> dict[str, str]:
+    """Member `index` of a sweep sees one GPU, gpus[index mod len(gpus)], as its stages' only device (cuda:0);
+    nothing is set without GPUs. On a Kubernetes Dask worker that requested one GPU, that is its own."""
+    return {"CUDA_VISIBLE_DEVICES": gpus[index % len(gpus)]} if gpus else {}
+
+
 @task(name="sweep-member", task_run_name="{member}")
 def sweep_member(workspace: str, sweep_name: str, member: str, overrides: dict[str, Any], pipeline: str,
-                 dvc_remote: str | None, retries: int, params_file: str | None = None) -> dict:
+                 dvc_remote: str | None, retries: int, params_file: str | None = None, index: int = 0) -> dict:
     dest = make_workspace(Path(workspace), Path(workspace) / SWEEPS_DIR / sweep_name / member)
-    return experiment(overrides, str(dest), pipeline, dvc_remote, retries, params_file=params_file)
+    # The GPUs are counted where the member runs (its Dask worker), not where the sweep was started.
+    return experiment(overrides, str(dest), pipeline, dvc_remote, retries, params_file=params_file,
+                      env=member_gpu_env(index, visible_gpus()))
 
 
 def sweep_task_runner(address: str | None = None, workers: int = 2) -> DaskTaskRunner:
@@ -365,8 +387,8 @@ def sweep(members: dict[str, dict[str, Any]], name: str = "sweep", workspace: st
         except ParamsError as error:
             raise ParamsError(f"sweep member {member!r}: {error}") from None
     futures = {member: sweep_member.submit(str(root), name, member, overrides, pipeline, dvc_remote, retries,
-                                           params_files.get(member))
-               for member, overrides in members.items()}
+                                           params_files.get(member), index)
+               for index, (member, overrides) in enumerate(members.items())}
     table = comparison_table(members, {member: future.result() for member, future in futures.items()},
                              params_files)
     out = root / "reports" / "sweeps" / name

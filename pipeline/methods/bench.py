@@ -23,36 +23,67 @@ from torch import nn
 
 from pipeline.core.flops import forward_flops, parameter_count
 from pipeline.core.importance import head_importance
+from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 
 SHAPES = {
     "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "minilm-l6": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+    # 12 heads as the others (so 30/50/70% prune evenly), at a size a CPU test times in seconds.
+    "tiny": dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=12, intermediate_size=96,
+                 vocab_size=2000, max_position_embeddings=64),
 }
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up: allocator, kernel selection
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+def median_time(fn: Callable[[], object], repeats: int, runtime: Runtime = CPU_FP32) -> float:
+    """The median seconds of `repeats` calls of `fn` under the runtime's autocast, after one warm-up call.
+
+    CUDA runs asynchronously: the device is synchronised before each timer starts and before it stops, so a
+    repeat is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
+    """
+    # A caller that passes no runtime (the budgeted latency table) may still time CUDA models: synchronise then too.
+    sync = runtime.synchronize if runtime.is_cuda or not torch.cuda.is_initialized() else torch.cuda.synchronize
+    with runtime.autocast():
+        fn()  # warm-up: allocator, kernel selection (cuBLAS and cuDNN heuristics on a GPU)
+        times = []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-@torch.inference_mode()
-def forward_memory_mb(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """Weights (parameters and buffers) and the peak of live activation memory during one forward pass,
-    in MiB: the CPU counterpart of `torch.cuda.max_memory_allocated`.
+def on_device(inputs: Mapping[str, torch.Tensor], runtime: Runtime) -> dict[str, torch.Tensor]:
+    return {k: v.to(runtime.device) for k, v in inputs.items()}
 
-    The profiler records every allocation and free of torch's CPU allocator in order; summing them gives
-    the live bytes over time. Unlike the process's resident set (~500 MiB of framework, and allocator
-    noise between runs), this is exact and the same on every run.
+
+def runtime_columns(runtime: Runtime) -> dict[str, str]:
+    """The `device` and `precision` columns of every benchmark row (pipeline/files/schema.py)."""
+    return {"device": runtime.device_name, "precision": runtime.precision}
+
+
+@torch.inference_mode()
+def forward_memory_mb(model: nn.Module, inputs: Mapping[str, torch.Tensor],
+                      runtime: Runtime = CPU_FP32) -> dict[str, float]:
+    """Weights (parameters and buffers) and the peak of live activation memory during one forward pass
+    under the runtime's autocast, in MiB.
+
+    On a GPU the peak is `torch.cuda.max_memory_allocated` during the pass, less what was allocated before it
+    (weights, inputs). On the CPU the profiler records every allocation and free of torch's CPU allocator in
+    order; summing them gives the live bytes over time. Unlike the process's resident set (~500 MiB of
+    framework, and allocator noise between runs), this is exact and the same on every run.
     """
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    inputs = on_device(inputs, runtime)
+    if runtime.is_cuda:
+        with runtime.autocast(), runtime.peak_memory() as memory:
+            model(**inputs)
+        return {"weights_mb": round(weights / 2**20, 2), "activations_mb": round(memory["peak_mib"], 2)}
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with runtime.autocast(), torch.profiler.profile(activities=cpu, profile_memory=True) as prof:
         model(**inputs)
     live = peak = 0
     allocations = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -88,30 +119,35 @@ def random_inputs(model: nn.Module, batch_size: int, seq_len: int, seed: int = 0
 
 def measure_throughput(
     models: Mapping[float, nn.Module], inputs: Mapping[str, torch.Tensor], repeats: int,
+    runtime: Runtime = CPU_FP32,
 ) -> list[dict]:
     """Examples/s of each model (keyed by fraction pruned; the first is the reference) on one batch,
-    with the measured and the ideal (FLOP-count) speedup over the reference."""
+    with the measured and the ideal (FLOP-count) speedup over the reference. The models must be on the
+    runtime's device; every one is timed at the runtime's precision, so a speedup compares models at the same
+    precision, batch and attention implementation."""
     fractions = list(models)
+    inputs = on_device(inputs, runtime)
     probe = {k: v[:1] for k, v in inputs.items()}
     flops = {f: forward_flops(m, probe) for f, m in models.items()}
     batch_size = next(iter(inputs.values())).shape[0]
     rows, base_rate = [], None
     for fraction, model in models.items():
         with torch.inference_mode():
-            seconds = median_time(lambda model=model: model(**inputs), repeats)
+            seconds = median_time(lambda model=model: model(**inputs), repeats, runtime)
         rate = batch_size / seconds
         base_rate = base_rate or rate
         rows.append(dict(
             attn_implementation=model.config._attn_implementation, batch_size=batch_size,
             fraction_pruned=fraction, examples_per_s=rate, speedup=rate / base_rate,
             ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
+            **runtime_columns(runtime),
         ))
     return rows
 
 
 def measure_generation(
     models: Mapping[float, nn.Module], inputs: Mapping[str, torch.Tensor], new_tokens: int, repeats: int,
-    num_beams: int = 1,
+    num_beams: int = 1, runtime: Runtime = CPU_FP32,
 ) -> list[dict]:
     """Decoding speed of each encoder-decoder (keyed by fraction pruned; the first is the reference):
     sentences/s (examples_per_s) and generated tokens/s, beside the ideal speedup from the FLOPs of
@@ -121,10 +157,11 @@ def measure_generation(
     unpruned models do the same number of decoder steps whatever they translate.
     """
     fractions = list(models)
+    inputs = on_device(inputs, runtime)
     batch_size = inputs["input_ids"].shape[0]
 
     def probe(model: nn.Module) -> dict[str, torch.Tensor]:
-        start = torch.full((1, new_tokens), model.config.decoder_start_token_id)
+        start = torch.full((1, new_tokens), model.config.decoder_start_token_id, device=runtime.device)
         return {k: v[:1] for k, v in inputs.items()} | {"decoder_input_ids": start}
 
     flops = {f: forward_flops(m, probe(m)) for f, m in models.items()}
@@ -133,39 +170,49 @@ def measure_generation(
         with torch.inference_mode():
             seconds = median_time(lambda model=model: model.generate(
                 **inputs, num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens,
-                max_new_tokens=new_tokens), repeats)
+                max_new_tokens=new_tokens), repeats, runtime)
         rate = batch_size / seconds
         base_rate = base_rate or rate
         rows.append(dict(
             attn_implementation=model.config._attn_implementation, batch_size=batch_size,
             fraction_pruned=fraction, examples_per_s=rate, tokens_per_s=rate * new_tokens,
             speedup=rate / base_rate, ideal_speedup=flops[fractions[0]] / flops[fraction],
-            params=parameter_count(model),
+            params=parameter_count(model), **runtime_columns(runtime),
         ))
     return rows
 
 
 def throughput_table(
     shapes: Sequence[str], fractions: Sequence[float], batch_sizes: Sequence[int], impls: Sequence[str],
-    seq_len: int, repeats: int,
+    seq_len: int, repeats: int, runtimes: Sequence[Runtime] = (CPU_FP32,), memory: bool = False,
 ) -> pd.DataFrame:
+    """Every shape x attention x runtime x batch size, all pruned levels side by side (the first fraction is the
+    reference). The runtimes share one device; with `memory`, each row also has the forward pass's weights and
+    peak activations (`forward_memory_mb`) and their sum, `peak_memory_mb`."""
     rows = []
     for shape in shapes:
         for impl in impls:
             models = {}
             for fraction in fractions:
                 model = random_encoder(shape, impl)
-                models[fraction] = prune_heads(model, evenly_spread_plan(model, fraction))
-            for batch_size in batch_sizes:
-                inputs = random_inputs(models[fractions[0]], batch_size, seq_len)
-                for row in measure_throughput(models, inputs, repeats):
-                    rows.append({"shape": shape, **row})
-                    print(_row_line(rows[-1]), flush=True)
+                models[fraction] = prune_heads(model, evenly_spread_plan(model, fraction)).to(runtimes[0].device)
+            for runtime in runtimes:
+                for batch_size in batch_sizes:
+                    inputs = random_inputs(models[fractions[0]], batch_size, seq_len)
+                    for row in measure_throughput(models, inputs, repeats, runtime):
+                        if memory:
+                            row |= forward_memory_mb(models[row["fraction_pruned"]], inputs, runtime)
+                            row["peak_memory_mb"] = row["weights_mb"] + row["activations_mb"]
+                        rows.append({"shape": shape, **row})
+                        print(_row_line(rows[-1]), flush=True)
+            del models
+            if runtimes[0].is_cuda:
+                torch.cuda.empty_cache()
     return pd.DataFrame(rows)
 
 
 def _row_line(row: dict) -> str:
-    return (f"{row['shape']:>9} {row['attn_implementation']:>5} batch {row['batch_size']:>3} "
+    return (f"{row['shape']:>9} {row['precision']} {row['attn_implementation']:>5} batch {row['batch_size']:>3} "
             f"pruned {row['fraction_pruned']:.0%}: {row['examples_per_s']:8.1f} ex/s  "
             f"speedup {row['speedup']:.3f} (ideal {row['ideal_speedup']:.3f})")
 
@@ -192,7 +239,7 @@ def scoring_cost(shape: str, batch_size: int, batches: int, seq_len: int, repeat
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=["bert-base", "minilm-l6"], choices=list(SHAPES))
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--attn", nargs="+", default=["sdpa", "eager"], choices=["sdpa", "eager"])

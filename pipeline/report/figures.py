@@ -170,13 +170,16 @@ def recovery(inp: Inputs, rec: pd.DataFrame) -> bytes:
 
 
 def speedup(bench: pd.DataFrame) -> bytes:
-    """Measured and ideal throughput speedup against the share of heads pruned, one panel per attention."""
-    impls = list(dict.fromkeys(bench["attn_implementation"]))
+    """Measured and ideal throughput speedup against the share of heads pruned, one panel per attention and
+    precision."""
+    precisions = list(dict.fromkeys(bench["precision"]))
+    panels = [(impl, p) for impl in dict.fromkeys(bench["attn_implementation"]) for p in precisions
+              if ((bench["attn_implementation"] == impl) & (bench["precision"] == p)).any()]
     fig, axes = plt.subplots(
-        1, len(impls), figsize=(6.0 * len(impls), 4.3), squeeze=False, sharey=True, layout="constrained"
+        1, len(panels), figsize=(6.0 * len(panels), 4.3), squeeze=False, sharey=True, layout="constrained"
     )
-    for ax, impl in zip(axes[0], impls, strict=True):
-        part = bench[bench["attn_implementation"] == impl]
+    for ax, (impl, precision) in zip(axes[0], panels, strict=True):
+        part = bench[(bench["attn_implementation"] == impl) & (bench["precision"] == precision)]
         for i, (bs, rows) in enumerate(part.groupby("batch_size")):
             rows = rows.sort_values("fraction_pruned")
             ax.plot(100 * rows["fraction_pruned"], rows["speedup"], "o-", color=f"C{i}", label=f"batch {bs}")
@@ -196,7 +199,7 @@ def speedup(bench: pd.DataFrame) -> bytes:
                     label="ideal" if i == 0 else None,
                 )
         ax.axhline(1.0, color="0.6", lw=0.8)
-        ax.set_title(f"attention: {impl}")
+        ax.set_title(f"attention: {impl}" + (f", {precision}" if len(precisions) > 1 else ""))
         ax.set_xlabel("heads pruned (% of all heads)")
         ax.set_ylabel("speedup (x, throughput vs. unpruned)")
         ax.grid(alpha=0.3)

@@ -15,12 +15,14 @@ Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the r
                         fraction_flops_removed, examples]
     recovery.csv        fraction_pruned, metric_before, metric_after
     benchmark.csv       fraction_pruned, batch_size, attn_implementation, examples_per_s, speedup,
-                        ideal_speedup [, params, tokens_per_s, weights_mb, activations_mb, peak_memory_mb]
-                        (speedup = throughput ratio pruned / unpruned, 1.0 = no change)
+                        ideal_speedup, device, precision [, params, tokens_per_s, weights_mb, activations_mb,
+                        peak_memory_mb]
+                        (speedup = throughput ratio pruned / unpruned at the same precision, batch and
+                        attention, 1.0 = no change)
     budgeted_curve.csv  method, split, budget_removed, fraction_flops_removed, heads_pruned,
                         neurons_pruned, metric, examples, seconds   (the paper's order and Kwon-style budgets)
     benchmark_budgeted.csv  attn_implementation, batch_size, budget_removed, examples_per_s, speedup,
-                        ideal_speedup, params
+                        ideal_speedup, params, device, precision
 """
 
 from __future__ import annotations
@@ -61,6 +63,18 @@ def splits_in(df: pd.DataFrame) -> list[str]:
 def rows_at(df: pd.DataFrame, column: str, value: float) -> pd.DataFrame:
     """Rows whose float column equals value (fractions come from CSV, so compare with a tolerance)."""
     return df[np.isclose(df[column].astype(float), value, atol=1e-6)]
+
+
+def precisions_in(bench: pd.DataFrame) -> list[str]:
+    """The benchmark's precisions, fp32 first (the precision a single-precision run measures)."""
+    present = list(dict.fromkeys(bench["precision"]))
+    return sorted(present, key=lambda p: (p != "fp32", present.index(p)))
+
+
+def measured_on(bench: pd.DataFrame) -> str:
+    """Where and at what precision a benchmark table was measured: "cpu, fp32" or "NVIDIA H200, fp32 and bf16"."""
+    devices = list(dict.fromkeys(bench["device"].astype(str)))
+    return f"{' and '.join(devices)}, {' and '.join(precisions_in(bench))}"
 
 
 def unpruned(part: pd.DataFrame) -> float | None:

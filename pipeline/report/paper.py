@@ -24,7 +24,19 @@ from pipeline.files.schema import (
 )
 from pipeline.methods.pruning import prunable_fraction
 from pipeline.report.document import num, pct, plural, signed
-from pipeline.report.inputs import CROSS, DEV, TEST, Inputs, budgeted_at, kinds_in, rows_at, splits_in, unpruned
+from pipeline.report.inputs import (
+    CROSS,
+    DEV,
+    TEST,
+    Inputs,
+    budgeted_at,
+    kinds_in,
+    measured_on,
+    precisions_in,
+    rows_at,
+    splits_in,
+    unpruned,
+)
 
 MICHEL: dict = {
     # Figures 3-4: share of all heads prunable by importance before the metric drops noticeably.
@@ -130,14 +142,15 @@ def _speedup(inp: Inputs) -> str | None:
     rows = rows[rows["batch_size"] == batch]
     if rows.empty:
         return None
+    several = len(precisions_in(rows)) > 1
     measured = "; ".join(
-        f"{signed(100 * (r.speedup - 1))}% with {r.attn_implementation} attention "
-        f"(ideal {signed(100 * (r.ideal_speedup - 1))}%)"
+        f"{signed(100 * (r.speedup - 1))}% with {r.attn_implementation} attention"
+        f"{f' at {r.precision}' if several else ''} (ideal {signed(100 * (r.ideal_speedup - 1))}%)"
         for r in rows.itertuples()
     )
     return (
-        f"With {pct(frac)} of heads pruned at batch size {batch}, throughput changes by {measured}; "
-        f"the paper measured {signed(ref['table'][batch][2])}% (BERT-base, GTX 1080Ti)."
+        f"With {pct(frac)} of heads pruned at batch size {batch}, throughput changes by {measured} "
+        f"({measured_on(rows)}); the paper measured {signed(ref['table'][batch][2])}% (BERT-base, GTX 1080Ti)."
     )
 
 
@@ -259,12 +272,17 @@ def table4(bench: pd.DataFrame) -> tuple[float, pd.DataFrame] | None:
     fracs = pruned["fraction_pruned"].unique()
     frac = float(fracs[np.argmin(np.abs(fracs - ref["fraction_pruned"]))])
     rows = []
-    for r in rows_at(bench, "fraction_pruned", frac).sort_values(["attn_implementation", "batch_size"]).itertuples():
-        full = bench[(bench["attn_implementation"] == r.attn_implementation) & (bench["batch_size"] == r.batch_size)]
+    several = len(precisions_in(bench)) > 1
+    at = rows_at(bench, "fraction_pruned", frac)
+    at = at.assign(order=at["precision"].map(precisions_in(bench).index))
+    for r in at.sort_values(["order", "attn_implementation", "batch_size"]).itertuples():
+        full = bench[(bench["attn_implementation"] == r.attn_implementation) & (bench["batch_size"] == r.batch_size)
+                     & (bench["precision"] == r.precision)]
         full = rows_at(full, "fraction_pruned", 0.0)
         paper = ref["table"].get(int(r.batch_size))
         rows.append(
             {
+                **({"precision": r.precision} if several else {}),
                 "attention": r.attn_implementation,
                 "batch": int(r.batch_size),
                 "unpruned ex/s": num(full["examples_per_s"].mean()) if not full.empty else "",
@@ -299,9 +317,11 @@ def _budgeted_speed(inp: Inputs) -> str | None:
     pruned = bench[bench["budget_removed"] > 0]
     if pruned.empty:
         return None
+    pruned = pruned[pruned["precision"] == precisions_in(pruned)[0]]
     r = pruned.sort_values(["batch_size", "budget_removed"]).iloc[-1]
     return (f"{r.speedup:.2f}x throughput at {pct(r.budget_removed)} of FLOPs removed, batch {int(r.batch_size)} "
-            f"(ideal {r.ideal_speedup:.2f}x, so {r.speedup / r.ideal_speedup:.2f} of ideal)")
+            f"({r.device}, {r.precision}; ideal {r.ideal_speedup:.2f}x, so {r.speedup / r.ideal_speedup:.2f} of "
+            f"ideal)")
 
 
 def _budgeted_accuracy(inp: Inputs, split: str) -> str | None:

@@ -30,6 +30,8 @@ from pipeline.report.inputs import (
     budgeted_at,
     checkpoint_of,
     kinds_in,
+    measured_on,
+    precisions_in,
     splits_in,
 )
 from pipeline.report.paper import budgeted_sentences, compared_with_paper, side_by_side, table4
@@ -250,14 +252,21 @@ def _speed(doc: Doc, inp: Inputs) -> None:
     if bench is None:
         return
     doc.h(1, "Table 4: inference speed")
+    order = precisions_in(bench)  # fp32 first
+    several = len(order) > 1
+    doc.p(f"Measured on {measured_on(bench)} (device, precision). A speedup compares a pruned model with the "
+          f"unpruned one at the same precision, batch size and attention implementation; the ideal speedup is "
+          f"the ratio of their forward-pass FLOPs.")
     doc.figure("speedup.png", figures.speedup(bench),
                "Throughput speedup of the physically pruned model; dashed: ideal speedup.")
 
     if "tokens_per_s" in bench:
         # Decoding speed: the paper's Table 4 measured BERT classification, so it is not set beside it.
-        rows = bench.sort_values(["attn_implementation", "batch_size", "fraction_pruned"])
+        rows = bench.sort_values(["precision", "attn_implementation", "batch_size", "fraction_pruned"],
+                                 key=lambda c: c.map(order.index) if c.name == "precision" else c)
         doc.h(2, "Decoding speed (every model generates the same number of tokens)")
         doc.table(pd.DataFrame({
+            **({"precision": rows["precision"]} if several else {}),
             "attention": rows["attn_implementation"], "batch": rows["batch_size"],
             "heads pruned": rows["fraction_pruned"].map(pct), "sentences/s": rows["examples_per_s"].map(num),
             "tokens/s": rows["tokens_per_s"].map(lambda v: num(v, 0)),
@@ -269,18 +278,22 @@ def _speed(doc: Doc, inp: Inputs) -> None:
         doc.h(2, f"Compared with the paper's Table 4 ({pct(frac)} of heads pruned)")
         doc.table(df)
     if "peak_memory_mb" in bench and bench["peak_memory_mb"].notna().any():
-        mem = bench.dropna(subset=["peak_memory_mb"]).drop_duplicates(["attn_implementation", "fraction_pruned"])
+        keys = ["precision", "attn_implementation", "fraction_pruned"]
+        mem = bench.dropna(subset=["peak_memory_mb"]).drop_duplicates(keys)
         columns = [c for c in ("weights_mb", "activations_mb", "peak_memory_mb") if c in mem]
-        mem = mem.sort_values(["attn_implementation", "fraction_pruned"])[
-            ["attn_implementation", "batch_size", "fraction_pruned", *columns]]
+        mem = mem.sort_values(keys, key=lambda c: c.map(order.index) if c.name == "precision" else c)
+        mem = mem[[*(["precision"] if several else []), "attn_implementation", "batch_size", "fraction_pruned",
+                   *columns]]
         mem["fraction_pruned"] = mem["fraction_pruned"].map(pct)
         mem = mem.rename(columns={"attn_implementation": "attention", "batch_size": "batch",
                                   "fraction_pruned": "heads pruned", "weights_mb": "weights (MiB)",
                                   "activations_mb": "peak activations (MiB)", "peak_memory_mb": "peak total (MiB)"})
         doc.h(2, "Peak memory of one forward pass")
-        doc.p("Weights plus the peak of live activations, from torch's CPU allocator (exact, not the "
-              "process's resident set). Heads hold a small share of the weights, and under sdpa the "
-              "feed-forward activations, not attention scores, set the peak.")
+        on_gpu = (bench["device"].astype(str) != "cpu").any()
+        source = ("CUDA's allocator (`torch.cuda.max_memory_allocated` during the pass, less what was allocated "
+                  "before it)" if on_gpu else "torch's CPU allocator (exact, not the process's resident set)")
+        doc.p(f"Weights plus the peak of live activations, from {source}. Heads hold a small share of the weights, "
+              f"and under sdpa the feed-forward activations, not attention scores, set the peak.")
         doc.table(mem.astype(object).map(lambda v: num(v, 1) if isinstance(v, float) else v))
 
 
