@@ -39,6 +39,6 @@ repro-mt: setup
 
 # On one CUDA GPU, offline, in at most ~8 minutes: a tiny `dvc repro` with runtime.device cuda and
 # runtime.precision bf16, then Table 4 at BERT-base shape (random weights) at fp32 and bf16, as one table.
-# Without a GPU it says so in one line and fails (pipeline/run/gpu_check.py).
+# Without a GPU it says so in one line and fails (pipeline/checks/gpu.py).
 gpu-check: setup
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pipeline.run.gpu_check
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pipeline.checks.gpu

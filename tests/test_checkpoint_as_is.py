@@ -16,6 +16,7 @@ import torch
 import transformers
 import yaml
 
+from pipeline.checks.tiny_project import write_tiny_assets
 from pipeline.config.params import ParamsError, parse_params
 from pipeline.config.trace import TracedParams
 from pipeline.core.checkpoint import load_model
@@ -24,7 +25,7 @@ from pipeline.run.experiment import Experiment
 from pipeline.tasks.classification import HeadMismatch, checkpoint_label_order
 from pipeline.tasks.evaluation import evaluate, make_eval_set
 from stages import finetune, prepare
-from tests.tiny_project import ROOT, tiny_params, undeclared_params, write_tiny_assets
+from tests.tiny_project import ROOT, tiny_params, undeclared_params
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ PIPELINES = ("dvc.yaml", "mt/dvc.yaml", "mt-fairseq/dvc.yaml")
 PROJECT_PACKAGES = ("pipeline", "stages")
 
 # Bottom to top: a sub-package may import the ones before it, never one after it.
-LAYERS = ("files", "config", "core", "tasks", "training", "mt", "backends", "methods", "run", "report", "flows")
+LAYERS = ("files", "config", "core", "tasks", "training", "mt", "backends", "methods", "run", "report", "flows",
+          "checks")
 
 
 def module_file(module: str) -> Path | None:

@@ -1,4 +1,4 @@
-"""`make gpu-check` (pipeline/run/gpu_check.py) and the benchmark's device and precision columns, on the CPU:
+"""`make gpu-check` (pipeline/checks/gpu.py) and the benchmark's device and precision columns, on the CPU:
 the GPU run itself needs a GPU, but its code path runs here at a tiny shape."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
+from pipeline.checks import gpu as gpu_check
 from pipeline.core.runtime import resolve_runtime
 from pipeline.methods.bench import measure_throughput, random_encoder, random_inputs
-from pipeline.run import gpu_check
 from tests.tiny_project import ROOT
 
 
@@ -42,7 +42,7 @@ def test_its_speedups_compare_models_at_the_same_precision_and_batch(table):
 def test_the_gpu_check_refuses_in_one_line_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    result = subprocess.run([sys.executable, "-m", "pipeline.run.gpu_check"], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "pipeline.checks.gpu"], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "no CUDA GPU" in result.stderr and "Traceback" not in result.stderr

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.checks.tiny_project import make_tiny_project as library_make_tiny_project
+from pipeline.checks.tiny_project import tiny_params as library_tiny_params
+from pipeline.checks.tiny_project import tool_env
 from pipeline.config.trace import TRACE_ENV
-from pipeline.run.tiny_project import make_tiny_project as library_make_tiny_project
-from pipeline.run.tiny_project import tiny_params as library_tiny_params
-from pipeline.run.tiny_project import tool_env
 
 STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """A tiny, offline copy of this project: its stage code and dvc.yaml, a tiny random BERT and a small local CSV
 in the GLUE schema, in a fresh git + DVC repository. The end-to-end tests (tests/tiny_project.py) and
-`make gpu-check` (pipeline/run/gpu_check.py) reproduce it with `dvc repro`; nothing in it reads the hub.
+`make gpu-check` (pipeline/checks/gpu.py) reproduce it with `dvc repro`; nothing in it reads the hub.
 """
 
 from __future__ import annotations

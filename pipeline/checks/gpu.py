@@ -1,10 +1,10 @@
 """One command that checks this project on a CUDA GPU (`make gpu-check`), in at most ~8 minutes, offline:
 
-    python -m pipeline.run.gpu_check                      # both parts, on cuda at fp32 and bf16
-    python -m pipeline.run.gpu_check --parts benchmark    # only the Table-4 benchmark
-    python -m pipeline.run.gpu_check --device cpu --tiny  # the same code at a tiny shape, in seconds (tests)
+    python -m pipeline.checks.gpu                      # both parts, on cuda at fp32 and bf16
+    python -m pipeline.checks.gpu --parts benchmark    # only the Table-4 benchmark
+    python -m pipeline.checks.gpu --device cpu --tiny  # the same code at a tiny shape, in seconds (tests)
 
-1. repro: `dvc repro` of a tiny offline project (pipeline/run/tiny_project.py: a random 2-layer BERT, 160
+1. repro: `dvc repro` of a tiny offline project (pipeline/checks/tiny_project.py: a random 2-layer BERT, 160
    local sentences) in a temporary folder, with `runtime.device: cuda` and `runtime.precision: bf16`, so every
    stage runs its models on the GPU under autocast; the benchmark stage times fp32 and bf16.
 2. benchmark: the paper's Table 4 at BERT-base shape with random weights (12 layers x 12 heads; 0, 30, 50 and
@@ -27,9 +27,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from pipeline.checks.tiny_project import make_tiny_project, run_tool, tiny_params
 from pipeline.core.runtime import RuntimeUnavailable, resolve_runtime
 from pipeline.methods.bench import throughput_table
-from pipeline.run.tiny_project import make_tiny_project, run_tool, tiny_params
 
 FRACTIONS = [0.0, 0.3, 0.5, 0.7]
 PRECISIONS = ["fp32", "bf16"]
