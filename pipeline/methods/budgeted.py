@@ -142,6 +142,8 @@ def latency_table(model: nn.Module, inputs: Mapping[str, torch.Tensor], repeats:
     kept), for `points` values of n from the full count down to a quarter of it: one row per measurement,
     with the per-layer counts and the median seconds. Measured on this machine, as Kwon's lookup tables."""
     timer = timer or median_time
+    device = next(model.parameters()).device  # timed where the model runs, at the caller's autocast precision
+    inputs = {k: v.to(device) for k, v in inputs.items()}
     full_heads = attention_sites(model)[0].num_heads
     full_neurons = ffn_sites(model)[0].num_neurons
     rows = []
