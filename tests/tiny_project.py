@@ -85,7 +85,11 @@ def undeclared_params(repo: Path, pipeline: str, trace_dir: Path) -> dict[str, l
     for name, stage in stages.items():
         declared: list[str] = []
         for entry in stage.get("params", []):
-            declared += [entry] if isinstance(entry, str) else [k for keys in entry.values() for k in keys]
+            # A bare key is DVC's default file, params.yaml beside the repo's root; a mapping names its file.
+            if isinstance(entry, str):
+                declared += [entry] if params_file == repo / "params.yaml" else []
+            else:
+                declared += [k for file, keys in entry.items() if repo / file == params_file for k in keys]
         trace = trace_dir / f"{name}.json"
         reads = json.loads(trace.read_text()) if trace.exists() else []
         uncovered = [r for r in reads if is_set(r) and not any(r == d or r.startswith(f"{d}.") for d in declared)]
