@@ -26,7 +26,7 @@ MT_COLUMNS = {
     "pruning_curve.csv": ["method", "split", "fraction_pruned", "heads_pruned", "metric", "fraction_flops_removed",
                           "examples", "metric_std"],
     "benchmark.csv": ["attn_implementation", "batch_size", "fraction_pruned", "examples_per_s", "tokens_per_s",
-                      "speedup", "ideal_speedup", "params"],
+                      "speedup", "ideal_speedup", "params", "device", "precision"],
 }
 
 
