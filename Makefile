@@ -30,11 +30,14 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# `python -m pipeline.checks` first: every problem with the params, model and data, in a second or two.
 repro: setup
+	$(PY) -m pipeline.checks
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro
 
 # The machine-translation experiment (mt/dvc.yaml, mt/params.yaml): about 45 minutes on 2 CPU cores.
 repro-mt: setup
+	$(PY) -m pipeline.checks --params mt/params.yaml
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro mt/dvc.yaml
 
 # On one CUDA GPU, offline, in at most ~8 minutes: a tiny `dvc repro` with runtime.device cuda and

@@ -9,6 +9,11 @@ so this is an execution setting like OMP_NUM_THREADS, not a param DVC tracks.
 
 from __future__ import annotations
 
+from pipeline.run.preflight import preflight
+
+if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
+    preflight("ablate")
+
 import functools
 import os
 

@@ -13,6 +13,11 @@ On a GPU the timer synchronises the device around each repeat and peak memory is
 
 from __future__ import annotations
 
+from pipeline.run.preflight import preflight
+
+if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
+    preflight("benchmark")
+
 import pandas as pd
 
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime

@@ -6,6 +6,11 @@ or take a pretrained one (or a fairseq checkpoint) as it is; BLEU with beam sear
 
 from __future__ import annotations
 
+from pipeline.run.preflight import preflight
+
+if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
+    preflight("finetune")
+
 import time
 
 import pandas as pd

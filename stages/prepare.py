@@ -6,7 +6,13 @@ finetune stage trains from scratch); a pretrained model brings its own tokenizer
 
 from __future__ import annotations
 
+from pipeline.run.preflight import preflight
+
+if __name__ == "__main__":  # the params and inputs in a second or two, before the imports below load torch
+    preflight("prepare")
+
 import dataclasses
+import shutil
 
 import datasets
 
@@ -16,6 +22,7 @@ from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.tasks.assets import MT_DATA, fetch_asset
 from pipeline.tasks.classification import load_task, tokenize_splits
+from pipeline.tasks.local_files import InputError
 from pipeline.tasks.sources import (
     DEFAULT_MODEL_NAME,
     MT_DATA_ATTRIBUTION,
@@ -100,10 +107,18 @@ def fairseq(exp: Experiment) -> None:
 
 def main() -> None:
     exp = Experiment.from_cli()
-    if exp.is_fairseq:
-        fairseq(exp)
-    else:
-        translation(exp) if exp.is_translation else classification(exp)
+    try:
+        if exp.is_fairseq:
+            fairseq(exp)
+        else:
+            translation(exp) if exp.is_translation else classification(exp)
+    except BaseException as error:
+        # All or nothing: a prepare that fails leaves neither output (the base model is written first).
+        for output in (exp.base_model_dir, exp.data_dir):
+            shutil.rmtree(output, ignore_errors=True)
+        if isinstance(error, InputError):  # what only the whole data shows, e.g. a hub dataset's columns
+            raise SystemExit(f"error: {error}") from None
+        raise
 
 
 if __name__ == "__main__":

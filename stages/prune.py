@@ -9,6 +9,11 @@ every saved training checkpoint pruned by its own importance (Figure 6).
 
 from __future__ import annotations
 
+from pipeline.run.preflight import preflight
+
+if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
+    preflight("prune")
+
 import functools
 
 import pandas as pd

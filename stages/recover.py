@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from pipeline.run.preflight import preflight
+
+if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
+    preflight("recover")
+
 import pandas as pd
 
 from pipeline.files.atomic import write_csv

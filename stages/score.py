@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from pipeline.run.preflight import preflight
+
+if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
+    preflight("score")
+
 import pandas as pd
 
 from pipeline.core.importance import head_importance, normalize_per_layer

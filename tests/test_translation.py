@@ -170,10 +170,10 @@ def test_local_files_mapping_and_json_array(tmp_path):
 @pytest.mark.parametrize(
     "content, kwargs, message",
     [
-        ("a,b\nx,y\n", {}, "expected columns 'source' and 'target', or a 'translation' column"),
-        ("source,target\nx,\n", {}, "1 row\\(s\\) with an empty target"),
-        ('{"translation": {"de": "x", "en": "y"}}\n', {}, "needs source_lang and target_lang"),
-        ('{"translation": {"de": "x", "en": "y"}}\n', {"source_lang": "fr", "target_lang": "en"}, "lack.*'fr'"),
+        ("a,b\nx,y\n", {}, "expected columns 'source' and 'target' .*, or a 'translation' column"),
+        ("source,target\nx,\n", {}, "1 row\\(s\\) with no sentence in column 'target' \\(line 2\\)"),
+        ('{"translation": {"de": "x", "en": "y"}}\n', {}, "needs data.source_lang and data.target_lang"),
+        ('{"translation": {"de": "x", "en": "y"}}\n', {"source_lang": "fr", "target_lang": "en"}, "lack a fr or en"),
     ],
 )
 def test_bad_local_files_give_clear_errors(tmp_path, content, kwargs, message):

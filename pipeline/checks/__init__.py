@@ -1,2 +1,3 @@
-"""Commands that check a machine runs the pipeline: `python -m pipeline.checks.gpu` (`make gpu-check`). Not a
+"""Commands that check before a run: `python -m pipeline.checks` (an experiment's params, model and data; `make repro`
+runs it first) and `python -m pipeline.checks.gpu` (that a GPU runs the pipeline: `make gpu-check`). Not a
 stage dependency, so editing a check reruns no stage."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from pipeline.files.schema import CROSS, DECODER, ENCODER
+
+if TYPE_CHECKING:  # torch only in annotations: the input checks read FAMILIES before torch loads (3 s)
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,8 @@ class FeedForwardSite:
         return f"{self.kind} layer {self.layer} FFN"
 
 
-SiteEntry = tuple[str, int, nn.Module, nn.Linear]
-FeedForwardEntry = tuple[str, int, nn.Linear, nn.Linear]  # kind, layer, fc_in, fc_out
+SiteEntry = tuple[str, int, "nn.Module", "nn.Linear"]
+FeedForwardEntry = tuple[str, int, "nn.Linear", "nn.Linear"]  # kind, layer, fc_in, fc_out
 
 _BERT_LAYOUT = AttentionLayout("query", "key", "value", "num_attention_heads", "attention_head_size",
                                "all_head_size", projects_output=False)

@@ -18,7 +18,6 @@ run the same code for both.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -51,6 +50,7 @@ from pipeline.files.schema import (
 )
 from pipeline.mt.decoding import TranslationEval
 from pipeline.mt.marian import collate_pairs
+from pipeline.run.preflight import params_file
 from pipeline.tasks.classification import HeadMismatch, checkpoint_label_order, reorder_head
 from pipeline.tasks.evaluation import EvalSet, labelled_batches, make_eval_set
 
@@ -74,10 +74,7 @@ class Experiment:
     @classmethod
     def from_cli(cls, argv: list[str] | None = None) -> Experiment:
         """The experiment of a stage's command line: `python -m stages.<name> [--params FILE]`."""
-        parser = argparse.ArgumentParser(description="Run one pipeline stage of the experiment in FILE.")
-        parser.add_argument("--params", default="params.yaml", metavar="FILE",
-                            help="the experiment's params file (default: params.yaml)")
-        return cls.from_params_file(parser.parse_args(argv).params)
+        return cls.from_params_file(params_file(argv))
 
     @classmethod
     def from_params_file(cls, path: str | Path = "params.yaml") -> Experiment:

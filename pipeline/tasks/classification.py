@@ -24,34 +24,13 @@ import datasets
 import numpy as np
 import pandas as pd
 
-from pipeline.files.schema import CLASSIFICATION_METRICS, EVAL_SPLITS, SPLITS
-from pipeline.tasks.local_files import check_fractions, read_frame, split_files
+from pipeline.files.schema import CLASSIFICATION_METRICS, SPLITS
+from pipeline.tasks.catalog import GLUE_EVAL_SPLITS, GLUE_TASKS
+from pipeline.tasks.inputs import read_classification
+from pipeline.tasks.local_files import InputError, check_fractions, stratified_indices
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-
-@dataclass(frozen=True)
-class GlueTask:
-    text_column: str
-    text_pair_column: str | None
-    metric: str
-    label_names: tuple[str, ...]
-
-
-# Label names follow the nyu-mll/glue dataset card; they are used only if the loaded data lacks them.
-GLUE_TASKS = {
-    "cola": GlueTask("sentence", None, "matthews", ("unacceptable", "acceptable")),
-    "sst2": GlueTask("sentence", None, "accuracy", ("negative", "positive")),
-    "mrpc": GlueTask("sentence1", "sentence2", "f1", ("not_equivalent", "equivalent")),
-    "qqp": GlueTask("question1", "question2", "f1", ("not_duplicate", "duplicate")),
-    "mnli": GlueTask("premise", "hypothesis", "accuracy", ("entailment", "neutral", "contradiction")),
-    "qnli": GlueTask("question", "sentence", "accuracy", ("entailment", "not_entailment")),
-    "rte": GlueTask("sentence1", "sentence2", "accuracy", ("entailment", "not_entailment")),
-}
-
-# Which GLUE split becomes which of ours ("dev" is always carved out of train).
-GLUE_EVAL_SPLITS = {"mnli": {"test": "validation_matched", "test_mismatched": "validation_mismatched"}}
 
 
 @dataclass(frozen=True)
@@ -108,7 +87,7 @@ def load_rotten_tomatoes_snippets(path: str | Path) -> pd.DataFrame:
     )
     missing = {"id", "sentiment", "text"} - set(df.columns)
     if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}; available: {list(df.columns)}")
+        raise InputError(f"{path}: missing columns {sorted(missing)}; available: {list(df.columns)}")
     df = df[df["sentiment"] != 0]
     return pd.DataFrame(
         {"text": df["text"].to_numpy(), "label": (df["sentiment"] > 0).astype("int64").to_numpy()}
@@ -116,28 +95,6 @@ def load_rotten_tomatoes_snippets(path: str | Path) -> pd.DataFrame:
 
 
 # --- splitting ---------------------------------------------------------------------------------------
-
-
-def stratified_indices(labels: np.ndarray, fractions: tuple[float, ...], seed: int) -> list[np.ndarray]:
-    """Partition range(len(labels)) into len(fractions) parts with the same label mix in each.
-
-    Within each class the rows are permuted by a seeded numpy Generator and cut by largest-remainder
-    rounding of n_class * fraction, so sizes are exact per class and the result depends only on
-    (labels, fractions, seed). Each part is returned sorted, keeping the source order.
-    """
-    f = check_fractions(fractions)
-    labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
-    parts: list[list[np.ndarray]] = [[] for _ in f]
-    for cls in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == cls))
-        exact = len(idx) * f
-        counts = np.floor(exact).astype(int)
-        leftover = len(idx) - counts.sum()
-        counts[np.argsort(-(exact - counts), kind="stable")[:leftover]] += 1
-        for part, chunk in zip(parts, np.split(idx, np.cumsum(counts)[:-1]), strict=True):
-            part.append(chunk)
-    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=int) for p in parts]
 
 
 def stratified_split(
@@ -179,7 +136,7 @@ def _load_glue(
     task: str, fractions: tuple[float, ...], seed: int
 ) -> tuple[datasets.DatasetDict, tuple[str, ...]]:
     if task not in GLUE_TASKS:
-        raise ValueError(f"unknown GLUE task {task!r}; allowed: {', '.join(sorted(GLUE_TASKS))}")
+        raise InputError(f"unknown GLUE task {task!r}; allowed: {', '.join(sorted(GLUE_TASKS))}")
     spec = GLUE_TASKS[task]
     raw = fetch_glue(task)
     columns = [c for c in (spec.text_column, spec.text_pair_column, "label") if c is not None]
@@ -187,7 +144,7 @@ def _load_glue(
     out = {}
     for ours, theirs in {"train": "train", **eval_splits}.items():
         if theirs not in raw:
-            raise ValueError(f"glue/{task}: split {theirs!r} missing; available: {list(raw)}")
+            raise InputError(f"glue/{task}: split {theirs!r} missing; available: {list(raw)}")
         _check_columns(raw[theirs].column_names, columns, f"glue/{task} split {theirs!r}")
         ds = raw[theirs].select_columns(columns)
         out[ours] = ds.filter(lambda batch: [y >= 0 for y in batch["label"]], batched=True)  # -1 = hidden
@@ -202,80 +159,17 @@ def _load_glue(
 def _check_columns(available: list[str], required: list[str], where: str) -> None:
     missing = [c for c in required if c not in available]
     if missing:
-        raise ValueError(f"{where}: missing column(s) {missing}; available columns: {list(available)}")
+        raise InputError(f"{where}: missing column(s) {missing}; available columns: {list(available)}")
 
 
-def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
-    """The task's columns of one local file."""
-    frame = read_frame(path)
-    _check_columns(list(frame.columns), columns, str(path))
-    return frame[columns]
-
-
-def _check_text(frames: dict[str, pd.DataFrame], files: dict[str, Path], text_columns: list[str]) -> None:
-    for split, df in frames.items():
-        for c in text_columns:
-            n = int(df[c].isna().sum())
-            if n:
-                raise ValueError(f"{files[split]}: {n} row(s) with no text in column {c!r}")
-
-
-def _encode_labels(
-    frames: dict[str, pd.DataFrame], files: dict[str, Path], label_column: str
-) -> tuple[dict[str, pd.Series], int, tuple[str, ...] | None]:
-    """Turn the label column into class ids: integers are kept as they are (num_labels = max + 1), and
-    strings become indices into the sorted label names seen in train."""
-    labels = {}
-    for split, df in frames.items():
-        col = df[label_column]
-        blank = col.isna() | col.astype(str).str.strip().eq("")
-        if blank.any():
-            raise ValueError(
-                f"{files[split]}: {int(blank.sum())} row(s) without a label in column {label_column!r}"
-            )
-        labels[split] = col
-    numeric = {s: pd.to_numeric(col, errors="coerce") for s, col in labels.items()}
-    if all(v.notna().all() for v in numeric.values()):
-        for split, v in numeric.items():
-            if not (v == v.round()).all() or (v < 0).any():
-                raise ValueError(
-                    f"{files[split]}: numeric labels in {label_column!r} must be class ids (integers >= 0)"
-                )
-        ids = {s: v.astype("int64") for s, v in numeric.items()}
-        return ids, int(max(v.max() for v in ids.values())) + 1, None
-    names = sorted(labels["train"].astype(str).unique())
-    index = {name: i for i, name in enumerate(names)}
-    ids = {}
-    for split, col in labels.items():
-        unknown = sorted(set(col.astype(str)) - set(index))
-        if unknown:
-            raise ValueError(f"{files[split]}: labels {unknown[:5]} not seen in train; train labels: {names}")
-        ids[split] = col.astype(str).map(index).astype("int64")
-    return ids, len(names), tuple(names)
-
-
-def _load_local(
-    spec: TaskSpec, files: dict[str, Path], seed: int
-) -> tuple[datasets.DatasetDict, int, tuple | None]:
+def _load_local(spec: TaskSpec, seed: int) -> tuple[datasets.DatasetDict, int, tuple | None]:
+    """A local source as read and checked by inputs.read_classification, cut into SPLITS by its plan."""
     text_columns = [c for c in (spec.text_column, spec.text_pair_column) if c is not None]
-    frames = {s: _read_table(p, [*text_columns, spec.label_column]) for s, p in files.items()}
-    _check_text(frames, files, text_columns)
-    ids, num_labels, label_names = _encode_labels(frames, files, spec.label_column)
-    frames = {
-        s: pd.DataFrame(
-            {**{c: df[c].astype(str).to_numpy() for c in text_columns}, "label": ids[s].to_numpy()}
-        )
-        for s, df in frames.items()
-    }
-    f = check_fractions(spec.fractions)
-    if len(frames) == 1:
-        return stratified_split(frames["train"], tuple(f), seed), num_labels, label_names
-    dsd = {s: _to_dataset(df) for s, df in frames.items()}
-    for split in EVAL_SPLITS:
-        if split not in dsd:
-            k = SPLITS.index(split)
-            dsd["train"], dsd[split] = _carve(dsd["train"], f[k] / (f[0] + f[k]), seed)
-    return datasets.DatasetDict({s: dsd[s] for s in SPLITS}), num_labels, label_names
+    task = read_classification(spec.source, spec.files, text_columns, spec.label_column, spec.fractions, seed)
+    frames = {split: pd.DataFrame({**{c: [str(v) for v in table.columns[c]] for c in text_columns},
+                                   "label": task.ids[split]}) for split, table in task.tables.items()}
+    dsd = {split: _to_dataset(frames[given].iloc[rows]) for split, (given, rows) in task.plan.items()}
+    return datasets.DatasetDict(dsd), task.num_labels, task.label_names
 
 
 def load_task(spec: TaskSpec | str, seed: int = 0) -> tuple[datasets.DatasetDict, TaskInfo]:
@@ -287,7 +181,7 @@ def load_task(spec: TaskSpec | str, seed: int = 0) -> tuple[datasets.DatasetDict
     if isinstance(spec, str):
         spec = TaskSpec(source=spec)
     if spec.metric is not None and spec.metric not in CLASSIFICATION_METRICS:
-        raise ValueError(f"unknown metric {spec.metric!r}; allowed: {', '.join(CLASSIFICATION_METRICS)}")
+        raise InputError(f"unknown metric {spec.metric!r}; allowed: {', '.join(CLASSIFICATION_METRICS)}")
     source = spec.source
     if source.startswith("glue/"):
         task = source.removeprefix("glue/")
@@ -308,13 +202,12 @@ def load_task(spec: TaskSpec | str, seed: int = 0) -> tuple[datasets.DatasetDict
         return dsd, TaskInfo(
             "rt-snippets", 2, ("negative", "positive"), "text", None, spec.metric or "accuracy"
         )
-    files = split_files(source, spec.files)
-    if files is None:
-        raise ValueError(
+    if spec.files is None and not Path(source).exists():
+        raise InputError(
             f"unknown task source {source!r}: expected 'glue/<task>', 'rt-snippets:<path>', "
             "an existing local file or directory, or TaskSpec.files"
         )
-    dsd, num_labels, label_names = _load_local(spec, files, seed)
+    dsd, num_labels, label_names = _load_local(spec, seed)
     info = TaskInfo(
         source, num_labels, label_names, spec.text_column, spec.text_pair_column, spec.metric or "accuracy"
     )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,34 +29,14 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS
-from pipeline.tasks.local_files import check_fractions, read_frame, split_files
+from pipeline.tasks.catalog import HUB_CORPORA
+from pipeline.tasks.inputs import read_pairs
+from pipeline.tasks.local_files import InputError, check_fractions, split_files
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 TATOEBA_LANGS = ("en", "es")  # the columns of spa.tsv, in file order
-
-
-@dataclass(frozen=True)
-class HubCorpus:
-    repo: str
-    config_prefix: str  # hub config name = prefix + pair
-    pairs: tuple[str, ...]
-    splits: tuple[tuple[str, str], ...] = (("train", "train"), ("dev", "validation"), ("test", "test"))
-
-
-HUB_CORPORA = {
-    "wmt14": HubCorpus("wmt/wmt14", "", ("cs-en", "de-en", "fr-en", "hi-en", "ru-en")),
-    "iwslt2017": HubCorpus(
-        "IWSLT/iwslt2017",
-        "iwslt2017-",
-        tuple(
-            f"{a}-{b}"
-            for x in ("ar", "de", "fr", "it", "ja", "ko", "nl", "ro", "zh")
-            for a, b in (("en", x), (x, "en"))
-        ),
-    ),
-}
 
 
 # --- the offline default -----------------------------------------------------------------------------
@@ -84,13 +63,13 @@ def load_tatoeba_pairs(path: str | Path) -> pd.DataFrame:
             dtype=str,
         )
     except pd.errors.ParserError as e:
-        raise ValueError(f"{path}: expected {expected} per line: {e}") from None
+        raise InputError(f"{path}: expected {expected} per line: {e}") from None
     short = df["attribution"].str.strip() == ""  # a missing field reads as ""
     if short.any():
-        raise ValueError(f"{path}: line {int(np.flatnonzero(short)[0]) + 1} has fewer than {expected}")
+        raise InputError(f"{path}: line {int(np.flatnonzero(short)[0]) + 1} has fewer than {expected}")
     empty = (df["source"].str.strip() == "") | (df["target"].str.strip() == "")
     if empty.any():
-        raise ValueError(f"{path}: {int(empty.sum())} line(s) with an empty English or Spanish sentence")
+        raise InputError(f"{path}: {int(empty.sum())} line(s) with an empty English or Spanish sentence")
     return df
 
 
@@ -169,7 +148,7 @@ def _to_dataset(df: pd.DataFrame) -> datasets.Dataset:
 
 def _check_pair(langs: tuple[str, ...], source_lang: str, target_lang: str, where: str) -> None:
     if source_lang == target_lang or {source_lang, target_lang} != set(langs):
-        raise ValueError(
+        raise InputError(
             f"{where} has languages {'-'.join(langs)}; got source_lang={source_lang!r}, "
             f"target_lang={target_lang!r} (allowed: {langs[0]}->{langs[1]} or {langs[1]}->{langs[0]})"
         )
@@ -187,7 +166,7 @@ def _from_translation_dicts(ds: datasets.Dataset, source_lang: str, target_lang:
     first = ds[0]["translation"] if len(ds) else {}
     missing = [lang for lang in (source_lang, target_lang) if lang not in first]
     if missing:
-        raise ValueError(f"{where}: 'translation' has no language(s) {missing}; it has {sorted(first)}")
+        raise InputError(f"{where}: 'translation' has no language(s) {missing}; it has {sorted(first)}")
 
     def pick(batch):
         return {
@@ -209,56 +188,26 @@ def _load_hub(
     corpus_name, _, pair = name.partition("/")
     corpus = HUB_CORPORA[corpus_name]
     if pair not in corpus.pairs:
-        raise ValueError(f"unknown {corpus_name} language pair {pair!r}; allowed: {', '.join(corpus.pairs)}")
+        raise InputError(f"unknown {corpus_name} language pair {pair!r}; allowed: {', '.join(corpus.pairs)}")
     langs = tuple(pair.split("-"))
     source_lang, target_lang = source_lang or langs[0], target_lang or langs[1]
     _check_pair(langs, source_lang, target_lang, name)
     try:
         raw = fetch_hub_translation(corpus.repo, corpus.config_prefix + pair)
     except Exception as e:
-        raise RuntimeError(
+        raise InputError(
             f"{name}: could not load {corpus.repo} (config {corpus.config_prefix + pair}) from the hub: "
             f"{type(e).__name__}: {e}. Offline, pass local train/dev/test files instead."
         ) from e
     out = {}
     for ours, theirs in corpus.splits:
         if theirs not in raw:
-            raise ValueError(f"{name}: split {theirs!r} missing; available: {list(raw)}")
+            raise InputError(f"{name}: split {theirs!r} missing; available: {list(raw)}")
         if "translation" not in raw[theirs].column_names:
-            raise ValueError(f"{name} split {theirs!r}: no 'translation' column; has {raw[theirs].column_names}")
+            raise InputError(f"{name} split {theirs!r}: no 'translation' column; has {raw[theirs].column_names}")
         ds = _cap(raw[theirs], max_train_pairs if ours == "train" else max_eval_pairs, seed)
         out[ours] = _from_translation_dicts(ds, source_lang, target_lang, f"{name} {theirs}")
     return datasets.DatasetDict(out)
-
-
-def _read_pairs(
-    path: Path, source_column: str, target_column: str, source_lang: str | None, target_lang: str | None
-) -> pd.DataFrame:
-    """One local file as columns source, target: named columns, else the hub's "translation" dicts."""
-    df = read_frame(path)
-    if {source_column, target_column} <= set(df.columns):
-        out = pd.DataFrame({"source": df[source_column], "target": df[target_column]})
-    elif "translation" in df.columns:
-        if source_lang is None or target_lang is None:
-            raise ValueError(f"{path}: a 'translation' column needs source_lang and target_lang to pick languages")
-        rows = df["translation"]
-        bad = [i for i, t in enumerate(rows) if not isinstance(t, dict)]
-        if bad:
-            raise ValueError(f"{path}: 'translation' must hold {{language: sentence}} objects; row {bad[0]} does not")
-        missing = sorted({lang for t in rows for lang in (source_lang, target_lang) if lang not in t})
-        if missing:
-            raise ValueError(f"{path}: some 'translation' entries lack language(s) {missing}")
-        out = pd.DataFrame({"source": [t[source_lang] for t in rows], "target": [t[target_lang] for t in rows]})
-    else:
-        raise ValueError(
-            f"{path}: expected columns {source_column!r} and {target_column!r}, or a 'translation' column "
-            f"of {{language: sentence}} objects; available columns: {list(df.columns)}"
-        )
-    for column in ("source", "target"):
-        blank = out[column].isna() | out[column].astype(str).str.strip().eq("")
-        if blank.any():
-            raise ValueError(f"{path}: {int(blank.sum())} row(s) with an empty {column} sentence")
-    return out.astype(str)
 
 
 def _load_local(
@@ -271,7 +220,10 @@ def _load_local(
     max_eval_pairs: int | None,
     seed: int,
 ) -> datasets.DatasetDict:
-    frames = {s: _read_pairs(p, source_column, target_column, source_lang, target_lang) for s, p in files.items()}
+    frames = {}
+    for split, path in files.items():
+        sources, targets = read_pairs(path, source_column, target_column, source_lang, target_lang)
+        frames[split] = pd.DataFrame({"source": sources, "target": targets})
     f = check_fractions(fractions)
     train = frames.pop("train")
     # Carve any missing evaluation split out of train, by group as for the default corpus.
@@ -285,6 +237,10 @@ def _load_local(
     dsd = {"train": _to_dataset(train)}
     for s in EVAL_SPLITS:
         dsd[s] = _cap(_to_dataset(frames[s]), max_eval_pairs, seed)
+    empty = [s for s, ds in dsd.items() if not len(ds)]
+    if empty:  # whole groups of pairs sharing a sentence are cut, so a small file can leave a split empty
+        raise InputError(f"data: the {' and '.join(empty)} split(s) got no pairs out of {len(train)} training pairs "
+                         f"cut by data.fractions {list(fractions)}; give more pairs, or dev and test files")
     return datasets.DatasetDict(dsd)
 
 
@@ -314,7 +270,7 @@ def load_translation_task(
     """
     for name, value in (("max_train_pairs", max_train_pairs), ("max_eval_pairs", max_eval_pairs)):
         if value is not None and value < 1:
-            raise ValueError(f"{name} must be positive (or None for no cap); got {value}")
+            raise InputError(f"{name} must be positive (or None for no cap); got {value}")
     if source == DEFAULT:
         if tatoeba_path is None:
             raise ValueError("source 'default' needs tatoeba_path (spa.tsv, see assets.MT_DATA)")
@@ -329,7 +285,7 @@ def load_translation_task(
         return _load_hub(source, source_lang, target_lang, max_train_pairs, max_eval_pairs, seed)
     paths = split_files(source, files)
     if paths is None:
-        raise ValueError(
+        raise InputError(
             f"unknown translation source {source!r}: expected 'default', "
             f"{', '.join(f'{c!r}/<pair>' for c in HUB_CORPORA)}, an existing local file or directory, or files"
         )

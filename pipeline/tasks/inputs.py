@@ -1,0 +1,362 @@
+"""The user's inputs, checked before anything heavy loads: the model that `model.name_or_path` names, the hub when
+a name needs it, and a task's local files (columns, empty cells, labels, split sizes and classes).
+
+The prepare stage and `python -m pipeline.checks` run these checks first, in about a second (no torch, no
+transformers, no pandas), and the loaders in classification.py and translation.py read and encode the data through
+the same functions, so what was checked is what is loaded. Problems are `InputError`s: one line each, naming the
+param, the file and what would be right.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+from pipeline.core.sites import FAMILIES
+from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS
+from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA
+from pipeline.tasks.local_files import (
+    InputError,
+    Table,
+    check_filled,
+    check_fractions,
+    is_blank,
+    looks_like_path,
+    missing_path,
+    read_table,
+    split_files,
+    stratified_plan,
+)
+
+MODEL_CONFIG = "config.json"
+WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# pandas' default missing-value markers: a label spelled so is a hole in the data, not a class.
+MISSING_LABELS = {"nan", "na", "n/a", "null", "none", "<na>", "-nan"}
+HUB = "https://huggingface.co"
+
+
+# --- the hub ----------------------------------------------------------------------------------------------------------
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (HF_HUB_OFFLINE, or the endpoint's host refusing a TCP
+    connection within `timeout` seconds), or None when it can."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", HUB))
+    host, port = endpoint.hostname or "", endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as error:
+        return f"{host}:{port}: {error.strerror or error}"
+    return None
+
+
+def _offline_advice(what: str) -> str:
+    return f"{what}; point it at local files instead (see the README, 'Your own model and data'), or use default"
+
+
+# --- the model --------------------------------------------------------------------------------------------------------
+
+
+def model_folder_problems(folder: Path, key: str) -> list[str]:
+    """What keeps `folder` from being a model this pipeline can prune: its config, its family, its weights."""
+    config_file = folder / MODEL_CONFIG
+    if not config_file.is_file():
+        found = sorted(p.name for p in folder.iterdir())[:8]
+        return [f"{key}: {folder} is not a model folder: it has no {MODEL_CONFIG} (found: "
+                f"{', '.join(found) or 'nothing'}); expected a Hugging Face model folder (save_pretrained's)"]
+    try:
+        config = json.loads(config_file.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return [f"{key}: {config_file} is not valid JSON ({error})"]
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    problems = []
+    if model_type not in FAMILIES:
+        problems.append(f"{key}: {folder} is a {model_type or 'model with no model_type'} model, which the "
+                        f"head-surgery core does not support; supported families (config.json model_type): "
+                        f"{', '.join(sorted(FAMILIES))}")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        problems.append(f"{key}: {folder} has a {MODEL_CONFIG} but no weights (expected one of "
+                        f"{', '.join(WEIGHT_FILES)})")
+    return problems
+
+
+def model_problems(name_or_path: str, key: str = "model.name_or_path") -> list[str]:
+    """Problems with the model that `name_or_path` names: the offline default, a local folder, or a hub id."""
+    if name_or_path in (DEFAULT, SCRATCH):
+        return []
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return model_folder_problems(path, key)
+    if path.exists():
+        return [f"{key}: {path} is a file; expected a model folder (with {MODEL_CONFIG} and weights), a hub id, or "
+                f"default"]
+    if looks_like_path(name_or_path):
+        return [f"{key}: {missing_path(name_or_path)}; expected a model folder, a hub id, or default"]
+    reason = hub_unreachable()
+    if reason is not None:
+        return [_offline_advice(f"{key}: {name_or_path!r} is no local folder, so it names a Hugging Face hub model, "
+                                f"but the hub is unreachable from here ({reason})")]
+    return _hub_model_problems(name_or_path, key)
+
+
+def _hub_model_problems(repo_id: str, key: str) -> list[str]:
+    """The family of a hub model, from its config.json alone (a few KB), before prepare downloads the weights."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+
+    try:
+        config_file = Path(hf_hub_download(repo_id, MODEL_CONFIG))
+    except HFValidationError as error:
+        return [f"{key}: {repo_id!r} is neither a local folder nor a valid hub id ({error})"]
+    except (HfHubHTTPError, OSError) as error:
+        return [f"{key}: cannot fetch {repo_id}'s {MODEL_CONFIG} from the hub ({type(error).__name__}: "
+                f"{str(error).splitlines()[0]})"]
+    model_type = json.loads(config_file.read_text("utf-8")).get("model_type")
+    if model_type not in FAMILIES:
+        return [f"{key}: {repo_id} is a {model_type} model, which the head-surgery core does not support; supported "
+                f"families: {', '.join(sorted(FAMILIES))}"]
+    return []
+
+
+# --- classification data ----------------------------------------------------------------------------------------------
+
+
+def _read_source(path: Path) -> Table:
+    try:
+        return read_table(path)
+    except InputError as error:
+        raise InputError(f"data.source: {error}") from None
+
+
+@dataclass(frozen=True)
+class LocalClassification:
+    """A local classification task as read and checked: the tables of the given splits, their class ids, and where
+    each of SPLITS comes from (stratified_plan)."""
+
+    tables: dict[str, Table]
+    ids: dict[str, np.ndarray]
+    num_labels: int
+    label_names: tuple[str, ...] | None
+    plan: dict[str, tuple[str, np.ndarray]]
+
+
+def _class_id(value: object) -> int | None:
+    """A class id as written: an integer (1, "1", 1.0, "1.0"), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    text = str(value).strip()
+    head, _, tail = text.partition(".")
+    if head.lstrip("+-").isdigit() and (not tail or set(tail) == {"0"}):
+        return int(head)
+    return None
+
+
+def _is_fractional(value: object) -> bool:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, bool) and np.isfinite(number) and not number.is_integer()
+
+
+def encode_labels(tables: Mapping[str, Table], label_column: str, key: str = "data.label_column"
+                  ) -> tuple[dict[str, np.ndarray], int, tuple[str, ...] | None]:
+    """Class ids of each split's label column: ids as written (0..K-1, every one of them in train), or label names,
+    mapped to their index among train's sorted names (the names are kept). Refuses holes, a mix of ids and names,
+    negative or missing ids, and dev/test classes that train lacks."""
+    for table in tables.values():
+        column = table.columns[label_column]
+        blank = [i for i, v in enumerate(column) if is_blank(v) or str(v).strip().lower() in MISSING_LABELS]
+        if blank:
+            raise InputError(f"{key}: {table.path}: {len(blank)} row(s) without a label in column {label_column!r} "
+                             f"({table.where(blank)})")
+    for table in tables.values():
+        fractional = [i for i, v in enumerate(table.columns[label_column]) if _is_fractional(v)]
+        if fractional:
+            raise InputError(f"{key}: {table.path}: labels must be class ids (integers >= 0) or names; "
+                             f"{table.columns[label_column][fractional[0]]!r} ({table.where(fractional)}) is a "
+                             f"fractional number (a regression target? this pipeline classifies)")
+    parsed = {split: [_class_id(v) for v in t.columns[label_column]] for split, t in tables.items()}
+    counts = {split: sum(i is not None for i in ids) for split, ids in parsed.items()}
+    if all(counts[s] == len(tables[s]) for s in tables):
+        ids = {split: np.asarray(v, dtype=np.int64) for split, v in parsed.items()}
+        for split, v in ids.items():
+            negative = np.flatnonzero(v < 0)
+            if len(negative):
+                raise InputError(f"{key}: {tables[split].path}: class ids must be integers >= 0; {len(negative)} "
+                                 f"row(s) have {sorted(set(v[negative].tolist()))[:3]} ({tables[split].where(negative)}"
+                                 f"), e.g. GLUE's -1 for a hidden test label")
+        seen = set(ids["train"].tolist())
+        for split, v in ids.items():
+            unseen = sorted(set(v.tolist()) - seen)
+            if unseen:
+                raise InputError(f"{key}: {tables[split].path}: class id(s) {unseen[:5]} never occur in train "
+                                 f"(train has {sorted(seen)}); a model cannot learn a class it never sees")
+        num_labels = max(seen) + 1
+        if len(seen) > 1 and seen != set(range(num_labels)):  # one class: check_split_classes says so
+            absent = sorted(set(range(num_labels)) - seen)
+            raise InputError(f"{key}: class ids must run 0..K-1, each occurring in train; {tables['train'].path} "
+                             f"has {sorted(seen)} (no {absent[:5]}): renumber them, or write the labels as names")
+        return ids, num_labels, None
+    if any(counts.values()):  # some labels are class ids, others are not
+        mixed = [s for s in tables if 0 < counts[s] < len(tables[s])]
+        if not mixed:
+            with_ids = next(s for s in tables if counts[s])
+            with_names = next(s for s in tables if not counts[s])
+            raise InputError(f"{key}: the labels of {tables[with_ids].path} are class ids and those of "
+                             f"{tables[with_names].path} names; use one or the other")
+        table, parsed_labels = tables[mixed[0]], parsed[mixed[0]]
+        names = [i for i, v in enumerate(parsed_labels) if v is None]
+        numbers = [i for i, v in enumerate(parsed_labels) if v is not None]
+        raise InputError(f"{key}: {table.path}: the labels in {label_column!r} mix class ids "
+                         f"({table.where(numbers, 2)}) and names ({table.where(names, 2)}); use one or the other")
+    strings = {split: [str(v).strip() for v in t.columns[label_column]] for split, t in tables.items()}
+    names = sorted(set(strings["train"]))
+    index = {name: i for i, name in enumerate(names)}
+    for split, values in strings.items():
+        unknown = sorted(set(values) - set(index))
+        if unknown:
+            raise InputError(f"{key}: {tables[split].path}: labels {unknown[:5]} not seen in train; train labels: "
+                             f"{names}")
+    ids = {split: np.asarray([index[v] for v in values], dtype=np.int64) for split, values in strings.items()}
+    return ids, len(names), tuple(names)
+
+
+def check_split_classes(plan: Mapping[str, tuple[str, np.ndarray]], ids: Mapping[str, np.ndarray],
+                        fractions: tuple[float, ...], key: str = "data") -> None:
+    """Each split must hold two examples of two classes at least: a split of one class can be neither learnt from
+    nor scored (accuracy is trivial there, Matthews and F1 undefined)."""
+    for split, (given, rows) in plan.items():
+        classes = np.unique(ids[given][rows])
+        if len(classes) < 2:
+            carved = "" if given == split else (f" (carved out of {len(ids[given])} training rows by data.fractions "
+                                                f"{list(fractions)})")
+            raise InputError(f"{key}: {split} would hold {len(rows)} example(s) of {len(classes)} class(es){carved}; "
+                             f"every split needs examples of at least two classes: give more examples, or larger "
+                             f"fractions for dev and test")
+
+
+def read_classification(source: str, files: Mapping[str, str | Path] | None, text_columns: list[str],
+                        label_column: str, fractions: tuple[float, ...], seed: int) -> LocalClassification:
+    """Read and check a local classification source (a file, a folder of split files, or `files`)."""
+    paths = split_files(source, files)
+    if paths is None:
+        raise InputError(f"data.source: {missing_path(source)}; expected default, glue/<task> or a local "
+                         f"CSV/TSV/JSON/JSONL file or folder")
+    tables = {split: _read_source(path) for split, path in paths.items()}
+    for table in tables.values():
+        if not len(table):
+            raise InputError(f"data.source: {table.path}: no rows under its header")
+        table.require([*text_columns, label_column], "data")
+        check_filled(table, text_columns, "text", "data")
+    ids, num_labels, label_names = encode_labels(tables, label_column)
+    if len(np.unique(ids["train"])) < 2:
+        files = ", ".join(str(t.path) for t in tables.values())
+        raise InputError(f"data.label_column: every label in {files} is {tables['train'].columns[label_column][0]!r}: "
+                         f"a task of one class can be neither learnt nor scored; give examples of two classes at least")
+    plan = stratified_plan(ids, tuple(check_fractions(fractions)), seed)
+    check_split_classes(plan, ids, fractions)
+    return LocalClassification(tables, ids, num_labels, label_names, plan)
+
+
+def classification_source_problems(source: str, text_columns: list[str], label_column: str,
+                                   fractions: tuple[float, ...], seed: int) -> list[str]:
+    """Problems with `data.source` of a classification experiment (the offline default has none)."""
+    if source == DEFAULT:
+        return []
+    if source.startswith("glue/"):
+        task = source.removeprefix("glue/")
+        if task not in GLUE_TASKS:
+            return [f"data.source: unknown GLUE task {task!r}; allowed: {', '.join(sorted(GLUE_TASKS))}"]
+        reason = hub_unreachable()
+        return [] if reason is None else [_offline_advice(
+            f"data.source: {source} is read from the Hugging Face hub (nyu-mll/glue), which is unreachable from "
+            f"here ({reason}); save its splits as local train/dev/test CSV or JSONL files and point data.source at "
+            f"their folder")]
+    try:
+        read_classification(source, None, text_columns, label_column, fractions, seed)
+    except InputError as error:
+        return [str(error)]
+    return []
+
+
+# --- translation data -------------------------------------------------------------------------------------------------
+
+
+def read_pairs(path: Path, source_column: str, target_column: str, source_lang: str | None,
+               target_lang: str | None) -> tuple[list[str], list[str]]:
+    """One local file's sentence pairs (sources, targets): named columns, else the hub's "translation" objects.
+    Every row must hold both sentences (a TSV line with a missing or extra tab is named by read_table)."""
+    table = _read_source(path)
+    columns = table.columns
+    if source_column in columns and target_column in columns:
+        pairs = columns[source_column], columns[target_column]
+        check_filled(table, [source_column, target_column], "sentence", "data")
+    elif "translation" in columns:
+        if source_lang is None or target_lang is None:
+            raise InputError(f"data: {path}: a 'translation' column needs data.source_lang and data.target_lang to "
+                             f"pick languages")
+        rows = columns["translation"]
+        bad = [i for i, t in enumerate(rows) if not isinstance(t, dict)]
+        if bad:
+            raise InputError(f"data: {path}: 'translation' must hold {{language: sentence}} objects; "
+                             f"{table.where(bad)} do not")
+        lacking = [i for i, t in enumerate(rows) if any(is_blank(t.get(lang)) for lang in (source_lang, target_lang))]
+        if lacking:
+            raise InputError(f"data: {path}: {len(lacking)} 'translation' object(s) lack a {source_lang} or "
+                             f"{target_lang} sentence ({table.where(lacking)})")
+        pairs = [t[source_lang] for t in rows], [t[target_lang] for t in rows]
+    else:
+        raise InputError(f"data: {path}: expected columns {source_column!r} and {target_column!r} (data.source_column, "
+                         f"data.target_column), or a 'translation' column of {{language: sentence}} objects; "
+                         f"available columns: {list(columns)}")
+    if not len(table):
+        raise InputError(f"data.source: {path}: no sentence pairs under its header")
+    return [str(s) for s in pairs[0]], [str(t) for t in pairs[1]]
+
+
+def translation_source_problems(source: str, source_column: str, target_column: str, source_lang: str | None,
+                                target_lang: str | None, fractions: tuple[float, ...]) -> list[str]:
+    """Problems with `data.source` of a translation experiment (the offline default has none)."""
+    if source == DEFAULT:
+        return []
+    corpus, _, pair = source.partition("/")
+    if corpus in HUB_CORPORA:
+        if pair not in HUB_CORPORA[corpus].pairs:
+            return [f"data.source: unknown {corpus} language pair {pair!r}; allowed: "
+                    f"{', '.join(HUB_CORPORA[corpus].pairs)}"]
+        reason = hub_unreachable()
+        return [] if reason is None else [_offline_advice(
+            f"data.source: {source} is read from the Hugging Face hub ({HUB_CORPORA[corpus].repo}), which is "
+            f"unreachable from here ({reason}); save its pairs as local train/dev/test TSV or JSONL files with "
+            f"source and target columns and point data.source at their folder")]
+    try:
+        paths = split_files(source, None)
+        if paths is None:
+            raise InputError(f"data.source: {missing_path(source)}; expected default, "
+                             f"{', '.join(f'{c}/<pair>' for c in HUB_CORPORA)}, or a local file or folder")
+        sizes = {split: len(read_pairs(path, source_column, target_column, source_lang, target_lang)[0])
+                 for split, path in paths.items()}
+        f = check_fractions(fractions)
+        carved = [s for s in SPLITS if s not in sizes]
+        for split in carved:  # split_by_source cuts whole groups, so this is the size it aims at
+            if sizes["train"] * f[SPLITS.index(split)] / (f[0] + sum(f[SPLITS.index(s)] for s in carved)) < 1:
+                raise InputError(f"data: {split} would get no pairs out of {sizes['train']} training pairs by "
+                                 f"data.fractions {list(fractions)}; give more pairs, or a {split} file")
+    except InputError as error:
+        return [str(error)]
+    return []

@@ -1,0 +1,246 @@
+"""Bad input gets one line, fast, before anything is written: what is wrong, where, and what would be right.
+
+Most claims are checked in-process through `check_all` (what `python -m pipeline.checks` and the prepare stage run);
+a few run the real commands, to show what a user sees: one `error:` line, no traceback, no output folder, and no
+torch imported before the line appears.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.checks.tiny_project import tool_env, write_tiny_assets
+from pipeline.run.preflight import check_all
+from tests.tiny_project import ROOT, tiny_params
+
+CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens, so the "hub" refuses at once
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("assets")
+    write_tiny_assets(root)
+    return root
+
+
+@pytest.fixture()
+def project(tmp_path, assets, monkeypatch) -> Path:
+    """A folder holding the tiny model and data.csv, as the cwd, with the hub unreachable."""
+    (tmp_path / "tiny_model").symlink_to(assets / "tiny_model")
+    (tmp_path / "data.csv").write_bytes((assets / "data.csv").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_ENDPOINT", CLOSED_PORT)
+    return tmp_path
+
+
+def problems(**changes) -> list[str]:
+    """check_all on the tiny params with sections updated: problems(data={"source": "x.csv"})."""
+    params = tiny_params()
+    for section, values in changes.items():
+        if isinstance(values, dict):
+            params[section].update(values)
+        else:
+            params[section] = values
+    Path("params.yaml").write_text(yaml.safe_dump(params))
+    return check_all("params.yaml")
+
+
+def only(found: list[str]) -> str:
+    assert len(found) == 1, found
+    return found[0]
+
+
+def write_csv(name: str, rows: list[tuple], header: str = "text,label") -> str:
+    Path(name).write_text("\n".join([header, *(",".join(map(str, r)) for r in rows)]) + "\n", encoding="utf-8")
+    return name
+
+
+def balanced(n: int = 40, labels: tuple = (0, 1)) -> list[tuple]:
+    return [(f"good film {i}", labels[i % len(labels)]) for i in range(n)]
+
+
+# --- the files ------------------------------------------------------------------------------------------------------
+
+
+def test_the_tiny_project_has_no_problem(project):
+    assert problems() == []
+
+
+def test_a_missing_data_file_is_named_with_the_nearest_existing_name(project):
+    line = only(problems(data={"source": "dta.csv"}))
+    assert line.startswith("data.source: no file or folder dta.csv; did you mean data.csv?")
+
+
+def test_a_file_that_is_not_utf8_names_the_byte_and_its_line(project):
+    Path("latin1.csv").write_bytes("text,label\nfine,1\ncaf\xe9 cr\xe8me,0\n".encode("latin-1"))
+    assert only(problems(data={"source": "latin1.csv"})) == (
+        "data.source: latin1.csv: not UTF-8 text (byte 0xe9 on line 3); save it as UTF-8")
+
+
+def test_a_csv_row_with_a_stray_comma_names_its_line_and_the_header(project):
+    Path("ragged.csv").write_text("text,label\ngood,1\ngood, really,1\n")
+    assert "ragged.csv: line 3 has 3 field(s); the header has 2 (text, label)" in only(
+        problems(data={"source": "ragged.csv"}))
+
+
+def test_invalid_json_names_the_line_and_column(project):
+    Path("data.jsonl").write_text('{"text": "good", "label": 1}\n{"text": "bad" "label": 0}\n')
+    assert "data.jsonl: line 2 is not valid JSON (column 16: Expecting ',' delimiter)" in only(
+        problems(data={"source": "data.jsonl"}))
+
+
+def test_a_missing_label_column_lists_the_columns_found(project):
+    write_csv("sentiment.csv", balanced(), header="text,sentiment")
+    assert only(problems(data={"source": "sentiment.csv"})) == (
+        "data: sentiment.csv: missing column(s) ['label']; available columns: ['text', 'sentiment']")
+
+
+def test_empty_text_and_labels_are_counted_and_their_lines_named(project):
+    write_csv("holes.csv", [*balanced(), ("", 1), ("   ", 0)])
+    assert only(problems(data={"source": "holes.csv"})) == (
+        "data: holes.csv: 2 row(s) with no text in column 'text' (lines 42, 43)")
+    write_csv("nan.csv", [*balanced(), ("fine", "NaN"), ("fine", "")])
+    assert "nan.csv: 2 row(s) without a label in column 'label' (lines 42, 43)" in only(
+        problems(data={"source": "nan.csv"}))
+
+
+@pytest.mark.parametrize(("labels", "message"), [
+    ((1, 2), "class ids must run 0..K-1, each occurring in train; labels.csv has [1, 2] (no [0])"),
+    ((0, 0.5), "labels must be class ids (integers >= 0) or names; '0.5'"),
+    ((0, "pos"), "mix class ids (lines 2, 4 and 18 more) and names (lines 3, 5 and 18 more)"),
+    ((0, -1), "class ids must be integers >= 0; 20 row(s) have [-1]"),
+])
+def test_labels_that_are_not_the_class_ids_the_task_expects_are_refused(project, labels, message):
+    write_csv("labels.csv", balanced(labels=labels))
+    assert message in only(problems(data={"source": "labels.csv"}))
+
+
+def test_string_labels_become_ids_and_keep_their_names(project):
+    from pipeline.tasks.classification import TaskSpec, load_task
+
+    write_csv("names.csv", balanced(labels=("pos", "neg")))
+    assert problems(data={"source": "names.csv"}) == []
+    dsd, info = load_task(TaskSpec("names.csv"))
+    assert info.label_names == ("neg", "pos") and set(dsd["train"]["label"]) == {0, 1}
+
+
+def test_a_task_of_one_class_is_refused_before_any_training(project):
+    write_csv("one.csv", balanced(labels=(0,)))
+    assert only(problems(data={"source": "one.csv"})) == (
+        "data.label_column: every label in one.csv is '0': a task of one class can be neither learnt nor scored; "
+        "give examples of two classes at least")
+
+
+def test_too_few_examples_for_the_splits_are_refused(project):
+    write_csv("few.csv", balanced(n=6))
+    assert "dev would hold 0 example(s) of 0 class(es) (carved out of 6 training rows" in only(
+        problems(data={"source": "few.csv"}))
+
+
+def test_a_class_in_test_that_train_lacks_is_refused(project):
+    Path("splits").mkdir()
+    write_csv("splits/train.csv", balanced(labels=(0, 1)))
+    write_csv("splits/test.csv", balanced(labels=(0, 2)))
+    assert "splits/test.csv: class id(s) [2] never occur in train (train has [0, 1])" in only(
+        problems(data={"source": "splits"}))
+
+
+# --- the model --------------------------------------------------------------------------------------------------------
+
+
+def test_a_missing_model_folder_is_named(project):
+    assert only(problems(model={"name_or_path": "./models/bert"})) == (
+        "model.name_or_path: no file or folder ./models/bert; expected a model folder, a hub id, or default")
+
+
+def test_a_folder_without_a_config_is_not_a_model(project):
+    Path("notes").mkdir()
+    (Path("notes") / "README.md").write_text("my model")
+    assert only(problems(model={"name_or_path": "notes"})).startswith(
+        "model.name_or_path: notes is not a model folder: it has no config.json (found: README.md)")
+
+
+def test_an_unsupported_family_is_refused_in_prepare_with_the_supported_ones_listed(project):
+    Path("gpt2").mkdir()
+    (Path("gpt2") / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (Path("gpt2") / "model.safetensors").write_bytes(b"")
+    line = only(problems(model={"name_or_path": "gpt2"}))
+    assert line.startswith("model.name_or_path: gpt2 is a gpt2 model, which the head-surgery core does not support; "
+                           "supported families (config.json model_type): bart, bert, distilbert, electra,")
+
+
+def test_a_hub_id_or_glue_task_while_the_hub_is_unreachable_says_so_and_how_to_use_local_files(project):
+    model, data = problems(model={"name_or_path": "bert-base-uncased"}, data={"source": "glue/mnli"})
+    assert model.startswith("model.name_or_path: 'bert-base-uncased' is no local folder, so it names a Hugging Face "
+                            "hub model, but the hub is unreachable from here (127.0.0.1:9: Connection refused)")
+    assert "point it at local files instead" in model
+    assert data.startswith("data.source: glue/mnli is read from the Hugging Face hub (nyu-mll/glue), which is "
+                           "unreachable from here")
+
+
+def test_every_problem_is_listed_not_just_the_first(project):
+    found = problems(model={"name_or_path": "./nope"}, data={"source": "nope.csv"})
+    assert [line.split(":")[0] for line in found] == ["model.name_or_path", "data.source"]
+
+
+# --- translation ------------------------------------------------------------------------------------------------------
+
+
+def translation_problems(**data) -> list[str]:
+    params = yaml.safe_load((ROOT / "mt" / "params.yaml").read_text())
+    params["data"].update(data)
+    Path("mt.yaml").write_text(yaml.safe_dump(params))
+    return check_all("mt.yaml")
+
+
+def test_a_translation_file_with_a_missing_sentence_names_the_line(project):
+    Path("pairs.tsv").write_text("source\ttarget\n" + "".join(f"hello {i}\thola {i}\n" for i in range(30))
+                                 + "one more line\n")
+    assert "pairs.tsv: line 32 has 1 field(s); the header has 2 (source, target): a stray or missing tab?" in only(
+        translation_problems(source="pairs.tsv"))
+
+
+def test_a_fairseq_checkpoint_that_does_not_exist_is_named(project):
+    params = yaml.safe_load((ROOT / "mt-fairseq" / "params.yaml").read_text())
+    params["model"].update(checkpoint="missing/model.pt", data_bin="missing-bin")
+    Path("fs.yaml").write_text(yaml.safe_dump(params))
+    assert check_all("fs.yaml") == [
+        "model.checkpoint: no file missing/model.pt; expected the .pt file written by fairseq-train",
+        "model.data_bin: no folder missing-bin; expected the output folder of fairseq-preprocess (dict.<lang>.txt "
+        "and the binarised splits)"]
+
+
+# --- what a user sees -------------------------------------------------------------------------------------------------
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = tool_env({"HF_ENDPOINT": CLOSED_PORT, "PYTHONPATH": str(ROOT)})
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_prepare_refuses_a_missing_data_file_in_one_line_before_torch_loads_and_writes_nothing(project):
+    problems(data={"source": "missing.csv"})
+    result = run(["-X", "importtime", "-m", "stages.prepare"], project)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert result.returncode == 1 and lines == [
+        "error: data.source: no file or folder missing.csv; expected default, glue/<task> or a local "
+        "CSV/TSV/JSON/JSONL file or folder"]
+    assert "| torch" not in result.stderr and "| transformers" not in result.stderr
+    assert not (project / "artifacts").exists()
+
+
+def test_the_checks_command_lists_every_problem_and_a_later_stage_refuses_bad_params(project):
+    problems(model={"name_or_path": "./nope"}, data={"source": "nope.csv"})
+    checked = run(["-m", "pipeline.checks"], project)
+    assert checked.returncode == 1 and len(checked.stderr.splitlines()) == 2
+    assert "Traceback" not in checked.stderr
+    problems(prune={"step": 2})
+    score = run(["-m", "stages.score"], project)
+    assert score.returncode == 1 and score.stderr.splitlines() == [
+        "error: invalid params: prune.step: Input should be less than or equal to 0.5 (got 2)"]
