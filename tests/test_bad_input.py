@@ -74,7 +74,7 @@ def test_the_tiny_project_has_no_problem(project):
 
 def test_a_missing_data_file_is_named_with_the_nearest_existing_name(project):
     line = only(problems(data={"source": "dta.csv"}))
-    assert line.startswith("data.source: no file or folder dta.csv; did you mean data.csv?")
+    assert line.startswith("data.source: no file or folder dta.csv (did you mean data.csv?); expected default")
 
 
 def test_a_file_that_is_not_utf8_names_the_byte_and_its_line(project):
@@ -244,3 +244,18 @@ def test_the_checks_command_lists_every_problem_and_a_later_stage_refuses_bad_pa
     score = run(["-m", "stages.score"], project)
     assert score.returncode == 1 and score.stderr.splitlines() == [
         "error: invalid params: prune.step: Input should be less than or equal to 0.5 (got 2)"]
+
+
+def test_a_hub_model_is_checked_from_its_config_alone_when_the_hub_is_reachable(project, monkeypatch):
+    import huggingface_hub
+
+    from pipeline.tasks import inputs
+
+    Path("gpt2.json").write_text(json.dumps({"model_type": "gpt2"}))
+    fetched = []
+    monkeypatch.setattr(inputs, "hub_unreachable", lambda: None)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name: fetched.append((repo, name)) or
+                        "gpt2.json")
+    assert only(problems(model={"name_or_path": "openai-community/gpt2"})).startswith(
+        "model.name_or_path: openai-community/gpt2 is a gpt2 model, which the head-surgery core does not support")
+    assert fetched == [("openai-community/gpt2", "config.json")]

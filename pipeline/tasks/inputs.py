@@ -61,7 +61,7 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
 
 
 def _offline_advice(what: str) -> str:
-    return f"{what}; point it at local files instead (see the README, 'Your own model and data'), or use default"
+    return f"{what}; point it at local files instead (the README's 'When something is wrong'), or use default"
 
 
 # --- the model --------------------------------------------------------------------------------------------------------

@@ -96,12 +96,12 @@ def find_split_files(directory: Path) -> dict[str, Path]:
 
 
 def _nearby(path: Path) -> str:
-    """', did you mean data/train.csv?' when the parent folder holds a similar name."""
+    """' (did you mean data/train.csv?)' when the parent folder holds a similar name."""
     parent = path.parent if path.parent.is_dir() else None
     if parent is None:
         return ""
     close = difflib.get_close_matches(path.name, [p.name for p in parent.iterdir()], n=1, cutoff=0.6)
-    return f"; did you mean {parent / close[0]}?" if close else ""
+    return f" (did you mean {parent / close[0]}?)" if close else ""
 
 
 def split_files(source: str, files: Mapping[str, str | Path] | None) -> dict[str, Path] | None:
@@ -124,7 +124,7 @@ def split_files(source: str, files: Mapping[str, str | Path] | None) -> dict[str
 
 
 def missing_path(source: str) -> str:
-    """Why a source that looks like a path names nothing: 'no file or folder data/trian.csv; did you mean ...'."""
+    """Why a source that looks like a path names nothing: 'no file or folder data/trian.csv (did you mean ...?)'."""
     return f"no file or folder {source}{_nearby(Path(source))}"
 
 
