@@ -206,6 +206,21 @@ def test_a_translation_file_with_a_missing_sentence_names_the_line(project):
         translation_problems(source="pairs.tsv"))
 
 
+def test_parallel_text_files_with_mismatched_line_counts_are_refused(project):
+    from pipeline.tasks.translation import load_translation_task
+
+    Path("corpus").mkdir()
+    Path("corpus/train.en").write_text("".join(f"hello {i}\n" for i in range(30)))
+    Path("corpus/train.es").write_text("".join(f"hola {i}\n" for i in range(30)))
+    assert translation_problems(source="corpus") == []
+    dsd = load_translation_task("corpus", "en", "es", seed=0)
+    assert sum(map(len, dsd.values())) == 30 and dsd["train"][0]["target"].startswith("hola")
+    Path("corpus/train.es").write_text("".join(f"hola {i}\n" for i in range(29)))
+    assert only(translation_problems(source="corpus")) == (
+        "data.source: corpus/train.en has 30 lines and corpus/train.es 29; parallel files hold one sentence per line, "
+        "line i of each a translation pair")
+
+
 def test_a_fairseq_checkpoint_that_does_not_exist_is_named(project):
     params = yaml.safe_load((ROOT / "mt-fairseq" / "params.yaml").read_text())
     params["model"].update(checkpoint="missing/model.pt", data_bin="missing-bin")

@@ -184,7 +184,7 @@ def test_bad_local_files_give_clear_errors(tmp_path, content, kwargs, message):
 
 
 def test_unknown_sources_name_what_is_allowed(tmp_path):
-    with pytest.raises(ValueError, match="expected 'default', 'wmt14'/<pair>"):
+    with pytest.raises(ValueError, match="expected default, wmt14/<pair>, iwslt2017/<pair>, a folder of parallel text"):
         load_translation_task("no/such/thing")
     with pytest.raises(ValueError, match="unknown wmt14 language pair 'en-xx'; allowed: cs-en"):
         load_translation_task("wmt14/en-xx")
@@ -222,7 +222,7 @@ def test_hub_failures_say_what_to_do_offline(monkeypatch):
         raise ConnectionError("hub unreachable")
 
     monkeypatch.setattr(translation_data, "fetch_hub_translation", offline)
-    with pytest.raises(RuntimeError, match="IWSLT/iwslt2017 \\(config iwslt2017-de-en\\).*local"):
+    with pytest.raises(ValueError, match="IWSLT/iwslt2017 \\(config iwslt2017-de-en\\).*local"):
         load_translation_task("iwslt2017/de-en")
 
 

@@ -30,6 +30,8 @@ from pipeline.tasks.local_files import (
     is_blank,
     looks_like_path,
     missing_path,
+    parallel_text_files,
+    read_lines,
     read_table,
     split_files,
     stratified_plan,
@@ -329,6 +331,45 @@ def read_pairs(path: Path, source_column: str, target_column: str, source_lang: 
     return [str(s) for s in pairs[0]], [str(t) for t in pairs[1]]
 
 
+def read_parallel(source_file: Path, target_file: Path) -> tuple[list[str], list[str]]:
+    """A split's sentence pairs from two plain-text files with one sentence per line, line i of each a pair."""
+    for path in (source_file, target_file):
+        if not path.is_file():
+            other = source_file if path == target_file else target_file
+            raise InputError(f"data.source: {path} does not exist, but {other} does; a parallel corpus needs both "
+                             f"sides")
+    try:
+        sources, targets = read_lines(source_file), read_lines(target_file)
+    except InputError as error:
+        raise InputError(f"data.source: {error}") from None
+    if len(sources) != len(targets):
+        raise InputError(f"data.source: {source_file} has {len(sources)} lines and {target_file} {len(targets)}; "
+                         f"parallel files hold one sentence per line, line i of each a translation pair")
+    blank = [i + 1 for i, pair in enumerate(zip(sources, targets, strict=True)) if any(map(is_blank, pair))]
+    if blank:
+        shown = ", ".join(map(str, blank[:5])) + (f" and {len(blank) - 5} more" if len(blank) > 5 else "")
+        raise InputError(f"data.source: {source_file} / {target_file}: {len(blank)} line(s) with an empty sentence "
+                         f"(lines {shown})")
+    if not sources:
+        raise InputError(f"data.source: {source_file} is empty")
+    return sources, targets
+
+
+def local_pairs(source: str, source_column: str, target_column: str, source_lang: str | None,
+                target_lang: str | None) -> dict[str, tuple[list[str], list[str]]]:
+    """The sentence pairs of each split of a local source: a folder of parallel text files, or CSV/TSV/JSON files."""
+    parallel = parallel_text_files(source, source_lang, target_lang)
+    if parallel is not None:
+        return {split: read_parallel(*files) for split, files in parallel.items()}
+    paths = split_files(source, None)
+    if paths is None:
+        raise InputError(f"data.source: {missing_path(source)}; expected default, "
+                         f"{', '.join(f'{c}/<pair>' for c in HUB_CORPORA)}, a folder of parallel text files "
+                         f"(train.<source_lang>, train.<target_lang>, ...), or a CSV/TSV/JSON/JSONL file or folder")
+    return {split: read_pairs(path, source_column, target_column, source_lang, target_lang)
+            for split, path in paths.items()}
+
+
 def translation_source_problems(source: str, source_column: str, target_column: str, source_lang: str | None,
                                 target_lang: str | None, fractions: tuple[float, ...]) -> list[str]:
     """Problems with `data.source` of a translation experiment (the offline default has none)."""
@@ -345,12 +386,8 @@ def translation_source_problems(source: str, source_column: str, target_column: 
             f"unreachable from here ({reason}); save its pairs as local train/dev/test TSV or JSONL files with "
             f"source and target columns and point data.source at their folder")]
     try:
-        paths = split_files(source, None)
-        if paths is None:
-            raise InputError(f"data.source: {missing_path(source)}; expected default, "
-                             f"{', '.join(f'{c}/<pair>' for c in HUB_CORPORA)}, or a local file or folder")
-        sizes = {split: len(read_pairs(path, source_column, target_column, source_lang, target_lang)[0])
-                 for split, path in paths.items()}
+        pairs = local_pairs(source, source_column, target_column, source_lang, target_lang)
+        sizes = {split: len(sources) for split, (sources, _) in pairs.items()}
         f = check_fractions(fractions)
         carved = [s for s in SPLITS if s not in sizes]
         for split in carved:  # split_by_source cuts whole groups, so this is the size it aims at

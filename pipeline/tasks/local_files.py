@@ -95,6 +95,23 @@ def find_split_files(directory: Path) -> dict[str, Path]:
     return found
 
 
+def parallel_text_files(source: str, source_lang: str | None, target_lang: str | None
+                        ) -> dict[str, tuple[Path, Path]] | None:
+    """A folder of plain-text parallel files, one sentence per line (train.en + train.es, valid.en + valid.es, ...:
+    fairseq-preprocess's and Moses' input): (source file, target file) of each split found; None when `source` is no
+    such folder."""
+    if source_lang is None or target_lang is None or not Path(source).is_dir():
+        return None
+    found = {}
+    for split, stems in SPLIT_STEMS.items():
+        for stem in stems:
+            pair = Path(source) / f"{stem}.{source_lang}", Path(source) / f"{stem}.{target_lang}"
+            if pair[0].is_file() or pair[1].is_file():
+                found[split] = pair
+                break
+    return found if "train" in found else None
+
+
 def _nearby(path: Path) -> str:
     """' (did you mean data/train.csv?)' when the parent folder holds a similar name."""
     parent = path.parent if path.parent.is_dir() else None
@@ -149,6 +166,11 @@ def _text(path: Path) -> str:
         line = raw.count(b"\n", 0, error.start) + 1
         raise InputError(f"{path}: not UTF-8 text (byte 0x{raw[error.start]:02x} on line {line}); save it as UTF-8"
                          ) from None
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a plain UTF-8 text file (a final newline ends the last line; it does not start another)."""
+    return _text(path).splitlines()
 
 
 def _read_delimited(path: Path, text: str, delimiter: str) -> Table:

@@ -30,7 +30,7 @@ from scipy.sparse.csgraph import connected_components
 
 from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS
 from pipeline.tasks.catalog import HUB_CORPORA
-from pipeline.tasks.inputs import read_pairs
+from pipeline.tasks.inputs import local_pairs, read_pairs
 from pipeline.tasks.local_files import InputError, check_fractions, split_files
 
 if TYPE_CHECKING:
@@ -211,19 +211,13 @@ def _load_hub(
 
 
 def _load_local(
-    files: Mapping[str, Path],
-    source_column: str,
-    target_column: str,
-    source_lang: str | None,
-    target_lang: str | None,
+    pairs: Mapping[str, tuple[list[str], list[str]]],
     fractions: tuple[float, float, float],
     max_eval_pairs: int | None,
     seed: int,
 ) -> datasets.DatasetDict:
-    frames = {}
-    for split, path in files.items():
-        sources, targets = read_pairs(path, source_column, target_column, source_lang, target_lang)
-        frames[split] = pd.DataFrame({"source": sources, "target": targets})
+    frames = {split: pd.DataFrame({"source": sources, "target": targets})
+              for split, (sources, targets) in pairs.items()}
     f = check_fractions(fractions)
     train = frames.pop("train")
     # Carve any missing evaluation split out of train, by group as for the default corpus.
@@ -283,15 +277,13 @@ def load_translation_task(
         return datasets.DatasetDict({s: _to_dataset(parts[s]) for s in SPLITS})
     if source.partition("/")[0] in HUB_CORPORA:
         return _load_hub(source, source_lang, target_lang, max_train_pairs, max_eval_pairs, seed)
-    paths = split_files(source, files)
-    if paths is None:
-        raise InputError(
-            f"unknown translation source {source!r}: expected 'default', "
-            f"{', '.join(f'{c!r}/<pair>' for c in HUB_CORPORA)}, an existing local file or directory, or files"
-        )
-    return _load_local(
-        paths, source_column, target_column, source_lang, target_lang, fractions, max_eval_pairs, seed
-    )
+    if files is not None:
+        paths = split_files(source, files)
+        pairs = {split: read_pairs(path, source_column, target_column, source_lang, target_lang)
+                 for split, path in paths.items()}
+    else:
+        pairs = local_pairs(source, source_column, target_column, source_lang, target_lang)
+    return _load_local(pairs, fractions, max_eval_pairs, seed)
 
 
 # --- tokenization ------------------------------------------------------------------------------------
