@@ -170,6 +170,7 @@ def test_an_unsupported_family_is_refused_in_prepare_with_the_supported_ones_lis
     Path("gpt2").mkdir()
     (Path("gpt2") / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     (Path("gpt2") / "model.safetensors").write_bytes(b"")
+    (Path("gpt2") / "tokenizer.json").write_text("{}")
     line = only(problems(model={"name_or_path": "gpt2"}))
     assert line.startswith("model.name_or_path: gpt2 is a gpt2 model, which the head-surgery core does not support; "
                            "supported families (config.json model_type): bart, bert, distilbert, electra,")

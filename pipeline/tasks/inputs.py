@@ -38,6 +38,9 @@ from pipeline.tasks.local_files import (
 )
 
 MODEL_CONFIG = "config.json"
+# What AutoTokenizer reads: a fast tokenizer's file, a slow one's vocabulary, or a sentencepiece model.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
+TOKENIZER_PATTERNS = ("*.model", "*.spm")
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # pandas' default missing-value markers: a label spelled so is a hole in the data, not a class.
@@ -89,6 +92,10 @@ def model_folder_problems(folder: Path, key: str) -> list[str]:
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         problems.append(f"{key}: {folder} has a {MODEL_CONFIG} but no weights (expected one of "
                         f"{', '.join(WEIGHT_FILES)})")
+    if not (any((folder / name).is_file() for name in TOKENIZER_FILES)
+            or any(next(folder.glob(pattern), None) for pattern in TOKENIZER_PATTERNS)):
+        problems.append(f"{key}: {folder} has no tokenizer (expected {', '.join(TOKENIZER_FILES)} or a "
+                        f"sentencepiece model): save it beside the model with tokenizer.save_pretrained")
     return problems
 
 
