@@ -128,7 +128,7 @@ def test_a_stage_run_out_of_order_names_the_stage_to_run_first(experiment: Exper
 @pytest.mark.parametrize(("text", "what"), [
     ('kind,layer,head,importance\nencoder,0,0,"0.5', "EOF inside string"),
     ("", "No columns to parse from file"),
-    ("kind,layer,head\nencoder,0,0\n", "no column importance"),
+    ("kind,layer,head\nencoder,0,0\n", "missing columns importance"),
 ])
 def test_a_damaged_csv_names_the_file_and_the_stage_that_writes_it(experiment: Experiment, text: str,
                                                                    what: str) -> None:
@@ -141,7 +141,7 @@ def test_a_damaged_csv_names_the_file_and_the_stage_that_writes_it(experiment: E
 
 def test_the_report_refuses_a_damaged_table_and_a_damaged_metrics_file(tmp_path: Path) -> None:
     (tmp_path / "recovery.csv").write_text("fraction_pruned,metric_before\n0.5,0.9\n")
-    with pytest.raises(DamagedArtifact, match="no column metric_after"):
+    with pytest.raises(DamagedArtifact, match="missing columns metric_after"):
         Inputs.load(tmp_path)
     (tmp_path / "recovery.csv").unlink()
     (tmp_path / "finetune.json").write_text('{"metric": ')

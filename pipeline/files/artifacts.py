@@ -93,7 +93,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
         table = pd.read_csv(path)
     missing = [c for c in TABLE_COLUMNS.get(path.name, []) if c not in table.columns]
     if missing:
-        raise DamagedArtifact(path, f"no column {', '.join(missing)}")
+        raise DamagedArtifact(path, f"missing columns {', '.join(missing)}")
     return table
 
 
