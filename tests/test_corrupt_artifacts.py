@@ -152,8 +152,9 @@ def test_the_report_refuses_a_damaged_table_and_a_damaged_metrics_file(tmp_path:
 
 def test_the_stage_is_found_in_the_pipeline_of_the_params_file() -> None:
     checkpoint = f"artifacts/{MT_EXPERIMENT}/checkpoints/step-000100/model.safetensors"
-    assert producing_stage(checkpoint, "mt/params.yaml") == "finetune"
-    assert producing_stage(f"reports/{MT_EXPERIMENT}/pruning_curve.csv", "mt/params.yaml") == "prune"
+    # Addressed as `dvc repro` takes a stage of another pipeline's dvc.yaml from the repository root.
+    assert producing_stage(checkpoint, "mt/params.yaml") == "mt/dvc.yaml:finetune"
+    assert producing_stage(f"reports/{MT_EXPERIMENT}/pruning_curve.csv", "mt/params.yaml") == "mt/dvc.yaml:prune"
     assert producing_stage("somewhere/else.csv", "params.yaml") is None
     assert MissingArtifact("somewhere/else.csv").line(None) == ("error: somewhere/else.csv is missing; rerun the "
                                                                 "stage that writes it")

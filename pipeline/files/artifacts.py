@@ -116,7 +116,8 @@ def _out_paths(stage: dict) -> Iterator[str]:
 
 def producing_stage(path: str | Path, params_file: str | Path) -> str | None:
     """The stage of the dvc.yaml beside `params_file` that has `path` (relative to the working directory) as,
-    or inside, one of its outputs; None when there is no such dvc.yaml or no stage writes it."""
+    or inside, one of its outputs, as `dvc repro` addresses it from here (`score`, or `mt/dvc.yaml:score` for
+    another pipeline); None when there is no such dvc.yaml or no stage writes it."""
     dvc_file = Path(params_file).parent / "dvc.yaml"
     try:
         pipeline = yaml.safe_load(dvc_file.read_text())
@@ -134,7 +135,8 @@ def producing_stage(path: str | Path, params_file: str | Path) -> str | None:
         for out in _out_paths(stage):
             out = absolute(root / re.sub(r"\$\{\s*([\w.-]+)\s*\}", lambda m: values.get(m[1], m[0]), out))
             if target == out or target.startswith(out + os.sep):
-                return name
+                where = os.path.relpath(dvc_file)
+                return name if where == "dvc.yaml" else f"{where}:{name}"
     return None
 
 
