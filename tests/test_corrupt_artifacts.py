@@ -25,6 +25,7 @@ from pipeline.files.artifacts import (
     producing_stage,
 )
 from pipeline.files.schema import PRUNING_FILE, TASK_FILE
+from pipeline.methods.pruning import importance_by_site
 from pipeline.report.inputs import Inputs
 from pipeline.run.experiment import Experiment
 from tests.tiny_models import tiny_model
@@ -129,13 +130,14 @@ def test_a_stage_run_out_of_order_names_the_stage_to_run_first(experiment: Exper
     ('kind,layer,head,importance\nencoder,0,0,"0.5', "EOF inside string"),
     ("", "No columns to parse from file"),
     ("kind,layer,head\nencoder,0,0\n", "missing columns importance"),
+    ("kind,layer,head,importance\nencoder,0,0,0.5\n", r"1 heads for encoder layer 0, the model has 4"),
 ])
 def test_a_damaged_csv_names_the_file_and_the_stage_that_writes_it(experiment: Experiment, text: str,
                                                                    what: str) -> None:
     experiment.reports.mkdir(parents=True)
     (experiment.reports / "importance.csv").write_text(text)
     with pytest.raises(DamagedArtifact, match=what) as caught:
-        experiment.table("importance.csv")
+        importance_by_site(tiny_model("bert"), experiment.reports / "importance.csv")  # what the prune stage reads
     assert line(caught.value).endswith("it is an output of stage 'score': rerun it with dvc repro -f -s score")
 
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
-import pandas as pd
 import pyarrow
 import torch
 import transformers
@@ -36,7 +35,7 @@ from pipeline.config.params import Params, ParamsError, TranslationParams, load_
 from pipeline.config.trace import traced
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
-from pipeline.files.artifacts import MissingArtifact, artifact_excepthook, read_table, reading
+from pipeline.files.artifacts import MissingArtifact, artifact_excepthook, reading
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import (
     BASE_MODEL_DIR,
@@ -166,10 +165,6 @@ class Experiment:
         path = self.data_dir / TASK_FILE
         with reading(path, json.JSONDecodeError, UnicodeDecodeError):
             return json.loads(path.read_text())
-
-    def table(self, name: str) -> pd.DataFrame:
-        """A table an earlier stage wrote into the report folder (`importance.csv`), checked for its columns."""
-        return read_table(self.reports / name)
 
     def splits(self) -> datasets.DatasetDict:
         # In memory: shuffles and selections must never write cache files into a DVC-tracked output.
