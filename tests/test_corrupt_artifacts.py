@@ -24,7 +24,7 @@ from pipeline.files.artifacts import (
     artifact_excepthook,
     producing_stage,
 )
-from pipeline.files.schema import PRUNING_FILE, TASK_FILE
+from pipeline.files.schema import FAIRSEQ_CHECKPOINT, PRUNING_FILE, TASK_FILE
 from pipeline.methods.pruning import importance_by_site
 from pipeline.report.inputs import Inputs
 from pipeline.run.experiment import Experiment
@@ -78,6 +78,21 @@ def test_a_truncated_safetensors_of_an_unpruned_folder_is_damaged_too(tmp_path: 
     with pytest.raises(DamagedArtifact, match="header too small") as caught:
         load_model(tmp_path / "finetuned")
     assert caught.value.path == weights
+
+
+def test_a_truncated_fairseq_checkpoint_of_a_stage_names_the_stage(tmp_path: Path) -> None:
+    pytest.importorskip("fairseq")
+    for name in ("mt-fairseq/dvc.yaml", "mt-fairseq/params.yaml"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    exp = Experiment(load_params("mt-fairseq/params.yaml"), "mt-fairseq/params.yaml")
+    exp.finetuned_dir.mkdir(parents=True)
+    (exp.finetuned_dir / FAIRSEQ_CHECKPOINT).write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(DamagedArtifact) as caught:
+        exp.load(exp.finetuned_dir)
+    assert line(caught.value, "mt-fairseq/params.yaml").endswith(
+        "it is an output of stage 'mt-fairseq/dvc.yaml:finetune': rerun it with dvc repro -f -s "
+        "mt-fairseq/dvc.yaml:finetune")
 
 
 @pytest.mark.parametrize("damage", ["{not json", json.dumps({"format_version": 2, "sites": []}), "[]"])

@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -240,8 +241,12 @@ class Experiment:
     def _fairseq_checkpoint(self, checkpoint: Path, data_bin: Path) -> torch.nn.Module:
         from pipeline.backends import fairseq as fb
 
+        # Under artifacts/, the file is a stage's output: an unreadable one is damaged, and rerunning the stage
+        # mends it (model.checkpoint, the user's own file, is not).
+        written = checkpoint.is_relative_to(self.artifacts)
         try:
-            return fb.load_checkpoint(checkpoint, data_bin, trust_checkpoint=self.params.model.trust_checkpoint)
+            with reading(checkpoint, fb.CorruptCheckpointError) if written else nullcontext():
+                return fb.load_checkpoint(checkpoint, data_bin, trust_checkpoint=self.params.model.trust_checkpoint)
         except fb.UntrustedCheckpointError as error:
             raise SystemExit(f"error: model.trust_checkpoint: {error} In {self.params_file}, set "
                              f"model.trust_checkpoint: true only if you trust {self.params.model.checkpoint} "
