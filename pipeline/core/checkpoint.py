@@ -206,8 +206,11 @@ def load_model(path: str | Path, model_class: type | None = None, trust_remote_c
         with reading(weights, SafetensorError) if weights.exists() else nullcontext():
             return cls.from_pretrained(str(path), trust_remote_code=trust_remote_code, **kwargs).eval()
 
-    with reading(record_file, json.JSONDecodeError, UnicodeDecodeError):
-        record = json.loads(record_file.read_text())
+    with reading(record_file, ValueError):
+        try:
+            record = json.loads(record_file.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
     config = transformers.AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
     cls = model_class or _model_class(config)
     model = cls._from_config(config, **kwargs)
