@@ -5,6 +5,7 @@ rerun, and no traceback; a genuine bug keeps its traceback. And the user's model
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import subprocess
 import sys
@@ -189,6 +190,12 @@ def test_the_hook_prints_one_line_for_an_artifact_and_leaves_a_bug_its_traceback
     bug = KeyError("a genuine bug")
     hook(KeyError, bug, None)
     assert seen == [bug]  # handed to the previous hook: Python's, which prints the traceback
+
+
+def test_an_artifact_error_survives_the_trip_back_from_a_dask_worker() -> None:
+    for error in (DamagedArtifact("reports/x/importance.csv", "no columns"), MissingArtifact("artifacts/x/data")):
+        back = pickle.loads(pickle.dumps(error))
+        assert (type(back), back.path, back.what) == (type(error), error.path, error.what)
 
 
 def test_a_stage_on_a_truncated_model_exits_with_one_line_and_no_traceback(tmp_path: Path) -> None:

@@ -32,8 +32,11 @@ class ArtifactError(Exception):
     """An artifact of an earlier stage that this stage cannot read."""
 
     def __init__(self, path: str | Path, what: str) -> None:
-        super().__init__(f"{path}: {what}")
+        super().__init__(path, what)  # the constructor's arguments: a Dask worker's error pickles back whole
         self.path, self.what = Path(path), what
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.what}"
 
     def line(self, stage: str | None) -> str:
         raise NotImplementedError
@@ -49,8 +52,8 @@ class DamagedArtifact(ArtifactError, ValueError):
 class MissingArtifact(ArtifactError, FileNotFoundError):
     """The file is absent: the stage that writes it has not run (or its output was deleted)."""
 
-    def __init__(self, path: str | Path) -> None:
-        super().__init__(path, "missing")
+    def __init__(self, path: str | Path, what: str = "missing") -> None:
+        super().__init__(path, what)
 
     def line(self, stage: str | None) -> str:
         return f"error: {self.path} is missing; {_rerun(stage, fix='run it with dvc repro -s')}"

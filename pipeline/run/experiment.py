@@ -80,7 +80,10 @@ class Experiment:
         parser = argparse.ArgumentParser(description="Run one pipeline stage of the experiment in FILE.")
         parser.add_argument("--params", default="params.yaml", metavar="FILE",
                             help="the experiment's params file (default: params.yaml)")
-        return cls.from_params_file(parser.parse_args(argv).params)
+        path = parser.parse_args(argv).params
+        # A damaged or missing artifact of an earlier stage ends the stage with one line naming the stage to rerun.
+        sys.excepthook = artifact_excepthook(path)
+        return cls.from_params_file(path)
 
     @classmethod
     def from_params_file(cls, path: str | Path = "params.yaml") -> Experiment:
@@ -94,8 +97,6 @@ class Experiment:
             runtime = resolve_runtime(params.runtime.device, params.runtime.precision)
         except (ParamsError, RuntimeUnavailable) as error:
             raise SystemExit(f"error: {error}") from None
-        # A damaged or missing artifact of an earlier stage ends the stage with one line naming the stage to rerun.
-        sys.excepthook = artifact_excepthook(path)
         return cls(traced(params, _stage_name()), str(path), runtime)
 
     @property
