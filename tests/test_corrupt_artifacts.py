@@ -135,11 +135,11 @@ def test_damaged_splits_name_the_data_folder(experiment: Experiment) -> None:
     assert caught.value.path == experiment.data_dir
 
 
-def test_a_stage_run_out_of_order_names_the_stage_to_run_first(experiment: Experiment) -> None:
+def test_a_stage_run_out_of_order_names_the_stage_to_run_first_with_what_it_needs(experiment: Experiment) -> None:
     with pytest.raises(MissingArtifact) as caught:
         experiment.load(experiment.finetuned_dir)
     assert line(caught.value) == (f"error: artifacts/{EXPERIMENT}/finetuned is missing; it is an output of stage "
-                                  f"'finetune': run it with dvc repro -s finetune")
+                                  f"'finetune': run it with dvc repro finetune")
 
 
 @pytest.mark.parametrize(("text", "what"), [
@@ -186,7 +186,7 @@ def test_the_hook_prints_one_line_for_an_artifact_and_leaves_a_bug_its_traceback
     hook = artifact_excepthook("params.yaml")
     hook(MissingArtifact, MissingArtifact(f"artifacts/{EXPERIMENT}/data"), None)
     assert capsys.readouterr().err == (f"error: artifacts/{EXPERIMENT}/data is missing; it is an output of stage "
-                                       f"'prepare': run it with dvc repro -s prepare\n")
+                                       f"'prepare': run it with dvc repro prepare\n")
     bug = KeyError("a genuine bug")
     hook(KeyError, bug, None)
     assert seen == [bug]  # handed to the previous hook: Python's, which prints the traceback

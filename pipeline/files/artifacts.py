@@ -56,7 +56,8 @@ class MissingArtifact(ArtifactError, FileNotFoundError):
         super().__init__(path, what)
 
     def line(self, stage: str | None) -> str:
-        return f"error: {self.path} is missing; {_rerun(stage, fix='run it with dvc repro -s')}"
+        # Not -s: the stages it needs may not have run either, and dvc repro <stage> runs those first.
+        return f"error: {self.path} is missing; {_rerun(stage, fix='run it with dvc repro')}"
 
 
 def _rerun(stage: str | None, fix: str = "rerun it with dvc repro -f -s") -> str:
