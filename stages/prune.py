@@ -64,7 +64,7 @@ def prune(exp: Experiment) -> None:
     levels = pruning_levels(pp.step, pp.max_fraction)
     counts = [heads_for(level, total) for level in levels]
     evaluator = CurveEvaluator(model, evals, probe)
-    importance = importance_by_site(model, pd.read_csv(exp.reports / "importance.csv"))
+    importance = importance_by_site(model, exp.reports / "importance.csv")
     order = rank_heads(importance)
 
     for fraction in pp.save_fractions:  # for the recover and benchmark stages

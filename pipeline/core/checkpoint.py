@@ -14,15 +14,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import transformers
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.files.artifacts import reading
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import PRUNING_FILE
 
@@ -173,39 +176,49 @@ def _model_class(config: transformers.PretrainedConfig) -> type:
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        with reading(index, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     else:
         shards = ["model.safetensors"]
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        state.update(load_file(path / shard))
+        with reading(path / shard, SafetensorError):
+            state.update(load_file(path / shard))
     return state
 
 
-def load_model(path: str | Path, model_class: type | None = None, **kwargs) -> nn.Module:
+def load_model(path: str | Path, model_class: type | None = None, trust_remote_code: bool = False,
+               **kwargs) -> nn.Module:
     """Load a pruned folder written by `save_model`, an ordinary Hugging Face folder, or a hub id.
 
     `model_class` defaults to the class named in the config's `architectures`; `kwargs` go to the
-    model's constructor (e.g. `attn_implementation="eager"`). Returns the model in eval mode.
+    model's constructor (e.g. `attn_implementation="eager"`). `trust_remote_code` lets Hugging Face run the
+    Python code a model folder ships (the `model.trust_remote_code` param). Returns the model in eval mode.
+    A truncated weights file or a damaged pruning record raises `DamagedArtifact`, naming the file.
     """
     local = Path(path)
     record_file = local / PRUNING_FILE
     if not record_file.exists():
-        config = transformers.AutoConfig.from_pretrained(str(path))
+        config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         cls = model_class or _model_class(config)
-        return cls.from_pretrained(str(path), **kwargs).eval()
+        weights = local / "model.safetensors"
+        # A hub id or a sharded folder names no single weights file; let from_pretrained report those as it does.
+        with reading(weights, SafetensorError) if weights.exists() else nullcontext():
+            return cls.from_pretrained(str(path), trust_remote_code=trust_remote_code, **kwargs).eval()
 
-    try:
-        record = json.loads(record_file.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
-    config = transformers.AutoConfig.from_pretrained(local)
+    with reading(record_file, ValueError):
+        try:
+            record = json.loads(record_file.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
+    config = transformers.AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
     cls = model_class or _model_class(config)
     model = cls._from_config(config, **kwargs)
-    apply_pruning_record(model, record, record_file)
-
     state = _load_state_dict(local)
-    check_pruned_shapes(model, state, record_file)
+    # The record's checks raise ValueError naming it: a record that disagrees with its config or weights is damaged.
+    with reading(record_file, ValueError):
+        apply_pruning_record(model, record, record_file)
+        check_pruned_shapes(model, state, record_file)
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied weights are saved once; some buffers-as-weights (Marian's sinusoidal positions) never are.
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,7 @@ from pipeline.core.importance import (
 )
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
+from pipeline.files.artifacts import DamagedArtifact, read_table
 from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, TOLERANCE, checkpoint_method, kind_method
 from pipeline.tasks.evaluation import TaskEval
 
@@ -120,13 +122,15 @@ class CurveEvaluator:
         return pd.DataFrame(rows)
 
 
-def importance_by_site(model: nn.Module, table: pd.DataFrame) -> list[torch.Tensor]:
-    """The per-site importance tensors of `model` from an importance table (kind, layer, head, importance)."""
+def importance_by_site(model: nn.Module, path: Path) -> list[torch.Tensor]:
+    """The per-site importance tensors of `model` from the score stage's table at `path` (kind, layer, head,
+    importance). A table that lacks heads of the model (truncated, or from another model) is damaged."""
+    table = read_table(path)
     scores = []
     for site in attention_sites(model):
         rows = table[(table.kind == site.kind) & (table.layer == site.layer)].sort_values("head")
         if len(rows) != site.num_heads:
-            raise ValueError(f"importance.csv has {len(rows)} heads for {site.name}, the model {site.num_heads}")
+            raise DamagedArtifact(path, f"{len(rows)} heads for {site.name}, the model has {site.num_heads}")
         scores.append(torch.tensor(rows.importance.to_numpy()))
     return scores
 

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.files.schema import BLEU, EVAL_SPLITS, KINDS, TABLE_COLUMNS, checkpoint_method, kind_method
+from pipeline.files.artifacts import read_table, reading
+from pipeline.files.schema import BLEU, EVAL_SPLITS, KINDS, checkpoint_method, kind_method
 
 ENCODER, DECODER, CROSS = KINDS
 DEV, TEST = EVAL_SPLITS  # the headline numbers are on test, as the paper's are
@@ -90,17 +91,13 @@ def budgeted_at(curve: pd.DataFrame, split: str, method: str, level: float) -> f
 
 
 def _read_csv(report_dir: Path, name: str) -> pd.DataFrame | None:
+    """A table, or None when its stage wrote none (its section is left out). A damaged one raises
+    `DamagedArtifact`: a silently skipped section would hide it."""
     path = report_dir / name
     if not path.is_file():
         return None
-    df = pd.read_csv(path)
-    if df.empty:
-        return None
-    missing = [c for c in TABLE_COLUMNS[name] if c not in df.columns]
-    if missing:
-        # A malformed file is a bug upstream; a silently skipped section would hide it.
-        raise ValueError(f"{path}: missing columns {missing}")
-    return df
+    df = read_table(path)
+    return None if df.empty else df
 
 
 @dataclass
@@ -120,7 +117,10 @@ class Inputs:
     def load(cls, report_dir: Path) -> Inputs:
         def read_json(name: str) -> dict | None:
             path = report_dir / name
-            return json.loads(path.read_text()) if path.is_file() else None
+            if not path.is_file():
+                return None
+            with reading(path, json.JSONDecodeError, UnicodeDecodeError):
+                return json.loads(path.read_text())
 
         return cls(
             finetune=read_json("finetune.json"),

@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+import pyarrow
 import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -33,6 +35,7 @@ from pipeline.config.params import Params, ParamsError, TranslationParams, load_
 from pipeline.config.trace import traced
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
+from pipeline.files.artifacts import MissingArtifact, artifact_excepthook, reading
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import (
     BASE_MODEL_DIR,
@@ -74,7 +77,10 @@ class Experiment:
     @classmethod
     def from_cli(cls, argv: list[str] | None = None) -> Experiment:
         """The experiment of a stage's command line: `python -m stages.<name> [--params FILE]`."""
-        return cls.from_params_file(params_file(argv))
+        path = params_file(argv)
+        # A damaged or missing artifact of an earlier stage ends the stage with one line naming the stage to rerun.
+        sys.excepthook = artifact_excepthook(path)
+        return cls.from_params_file(path)
 
     @classmethod
     def from_params_file(cls, path: str | Path = "params.yaml") -> Experiment:
@@ -155,19 +161,30 @@ class Experiment:
 
     # --- loaders -----------------------------------------------------------------------------------
     def task(self) -> dict:
-        return json.loads((self.data_dir / TASK_FILE).read_text())
+        path = self.data_dir / TASK_FILE
+        with reading(path, json.JSONDecodeError, UnicodeDecodeError):
+            return json.loads(path.read_text())
 
     def splits(self) -> datasets.DatasetDict:
         # In memory: shuffles and selections must never write cache files into a DVC-tracked output.
-        return datasets.load_from_disk(str(self.data_dir), keep_in_memory=True)
+        with reading(self.data_dir, json.JSONDecodeError, pyarrow.ArrowException):
+            return datasets.load_from_disk(str(self.data_dir), keep_in_memory=True)
+
+    @property
+    def trust_remote_code(self) -> bool:
+        """`model.trust_remote_code`, for every load of the user's model: Hugging Face runs a model folder's own
+        Python code only when this is true."""
+        return self.params.model.trust_remote_code
 
     def tokenizer(self):
-        return AutoTokenizer.from_pretrained(self.base_model_dir)
+        if not self.base_model_dir.is_dir():
+            raise MissingArtifact(self.base_model_dir)
+        return AutoTokenizer.from_pretrained(self.base_model_dir, trust_remote_code=self.trust_remote_code)
 
     def base_classifier(self) -> torch.nn.Module:
         torch.manual_seed(self.params.seed)  # the fresh classification head's initialisation
         return AutoModelForSequenceClassification.from_pretrained(
-            self.base_model_dir, num_labels=self.task()["num_labels"],
+            self.base_model_dir, num_labels=self.task()["num_labels"], trust_remote_code=self.trust_remote_code,
             attn_implementation=self.params.model.attn_implementation).to(self.runtime.device)
 
     def checkpoint_classifier(self) -> torch.nn.Module:
@@ -175,7 +192,7 @@ class Experiment:
         against the task and reordered to the task's labels, with no weight initialised afresh. Anything else exits
         with one line naming the keys, before the stage writes anything."""
         task, base = self.task(), self.base_model_dir
-        config = transformers.AutoConfig.from_pretrained(base)
+        config = transformers.AutoConfig.from_pretrained(base, trust_remote_code=self.trust_remote_code)
 
         def refuse(why: str) -> SystemExit:
             return SystemExit(f"error: finetune.epochs: 0 evaluates model.name_or_path ({task['model']}) as it is, "
@@ -189,7 +206,8 @@ class Experiment:
         except HeadMismatch as error:
             raise refuse(str(error)) from None
         model, info = AutoModelForSequenceClassification.from_pretrained(
-            base, attn_implementation=self.params.model.attn_implementation, output_loading_info=True)
+            base, attn_implementation=self.params.model.attn_implementation, output_loading_info=True,
+            trust_remote_code=self.trust_remote_code)
         fresh = [*info.get("missing_keys", []), *info.get("mismatched_keys", [])]
         if fresh:
             raise refuse(f"its weights lack {', '.join(map(str, list(fresh)[:4]))}, which would be initialised at "
@@ -199,9 +217,12 @@ class Experiment:
 
     def load(self, path: Path) -> torch.nn.Module:
         """A model folder written by `save` (or prepare's base model), on the runtime's device."""
+        if not path.is_dir():
+            raise MissingArtifact(path)
         if self.is_fairseq:
             return self._fairseq_checkpoint(path / FAIRSEQ_CHECKPOINT, data_bin=path).to(self.runtime.device)
-        return load_model(path, attn_implementation=self.params.model.attn_implementation).to(self.runtime.device)
+        return load_model(path, trust_remote_code=self.trust_remote_code,
+                          attn_implementation=self.params.model.attn_implementation).to(self.runtime.device)
 
     def save(self, model: torch.nn.Module, path: Path) -> Path:
         """Write `model` (pruned or not) to the folder `path`, atomically, in its backend's format: a Hugging
@@ -218,8 +239,12 @@ class Experiment:
     def _fairseq_checkpoint(self, checkpoint: Path, data_bin: Path) -> torch.nn.Module:
         from pipeline.backends import fairseq as fb
 
+        # Under artifacts/, the file is a stage's output: an unreadable one is damaged, and rerunning the stage
+        # mends it (model.checkpoint, the user's own file, is not).
+        written = checkpoint.is_relative_to(self.artifacts)
         try:
-            return fb.load_checkpoint(checkpoint, data_bin, trust_checkpoint=self.params.model.trust_checkpoint)
+            with reading(checkpoint, fb.CorruptCheckpointError) if written else nullcontext():
+                return fb.load_checkpoint(checkpoint, data_bin, trust_checkpoint=self.params.model.trust_checkpoint)
         except fb.UntrustedCheckpointError as error:
             raise SystemExit(f"error: model.trust_checkpoint: {error} In {self.params_file}, set "
                              f"model.trust_checkpoint: true only if you trust {self.params.model.checkpoint} "
