@@ -45,7 +45,8 @@ def remove_stale_scratch(path: str | Path) -> list[Path]:
     path = Path(path)
     if not path.parent.is_dir():
         return []
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]{{12}}\.(tmp|old)")
+    # The random part is optional: temp files named before it was added (`.NAME.PID.tmp`) are scratch too.
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)(\.[0-9a-f]{{12}})?\.(tmp|old)")
     removed = []
     for sibling in path.parent.iterdir():
         match = pattern.fullmatch(sibling.name)
