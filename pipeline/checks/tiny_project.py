@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 import transformers
 import yaml
 
@@ -59,7 +60,12 @@ def write_tiny_assets(root: Path) -> None:
     tokenizer = transformers.BertTokenizerFast(vocab=vocab)
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=24, max_position_embeddings=32, num_labels=2)
-    transformers.BertForSequenceClassification(config).save_pretrained(root / "tiny_model")
+    # Seeded, and without touching the caller's random state: every tiny project starts from the same weights, so
+    # two of them reproduce to the same bytes (tests/test_killed_runs.py compares a killed run with another's).
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = transformers.BertForSequenceClassification(config)
+    model.save_pretrained(root / "tiny_model")
     tokenizer.save_pretrained(root / "tiny_model")
     rng = np.random.default_rng(0)
     rows = []
