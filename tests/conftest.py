@@ -1,8 +1,10 @@
-"""Fixtures shared by several test modules: the flow tests' Prefect home, and the tiny fairseq model."""
+"""Fixtures shared by several test modules: the flow tests' Prefect home, the tiny pipeline reproduced once, and the
+tiny fairseq model."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,23 @@ def fairseq_toy_checkpoint(tmp_path_factory) -> Path:
     from tests.fairseq_toy import train_toy_model
 
     return train_toy_model(tmp_path_factory.mktemp("fairseq"))
+
+
+@pytest.fixture(scope="session")
+def tiny_trace_dir(tmp_path_factory) -> Path:
+    """Where the reproduction of `tiny_reproduced` records the params each stage reads."""
+    return tmp_path_factory.mktemp("params-trace")
+
+
+@pytest.fixture(scope="session")
+def tiny_reproduced(tmp_path_factory, tiny_trace_dir) -> tuple[Path, Path]:
+    """The tiny pipeline (budgeted methods on) after one uninterrupted `dvc repro`, once per session: (the project,
+    which tests/test_pipeline_e2e.py goes on to change, and an untouched copy of it as that first run left it, the
+    reference of tests/test_killed_runs.py). A full run costs minutes here, mostly the stages' imports."""
+    from tests.tiny_project import STAGES, make_tiny_project, ran_stages, run, tiny_params, traced_env, with_budgeted
+
+    root = make_tiny_project(tmp_path_factory.mktemp("repo"), params=with_budgeted(tiny_params()))
+    assert ran_stages(run(["dvc", "repro"], root, traced_env(tiny_trace_dir))) == STAGES
+    snapshot = tmp_path_factory.mktemp("first-run") / "repo"
+    shutil.copytree(root, snapshot, symlinks=True)
+    return root, snapshot

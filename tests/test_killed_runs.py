@@ -170,11 +170,9 @@ def params() -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, params) -> Path:
-    """One uninterrupted `dvc repro`."""
-    root = make_tiny_project(tmp_path_factory.mktemp("reference"), params=params)
-    assert ran_stages(run(["dvc", "repro"], root)) == STAGES
-    return root
+def reference(tiny_reproduced) -> Path:
+    """One uninterrupted `dvc repro` of the same params (conftest.py; its untouched copy)."""
+    return tiny_reproduced[1]
 
 
 FLOW = [sys.executable, "-m", "pipeline.flows", "experiment", "--retries", "0"]  # no retry may hide a failure

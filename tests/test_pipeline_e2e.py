@@ -16,27 +16,20 @@ import yaml
 
 from tests.tiny_project import (
     STAGES,
-    make_tiny_project,
     ran_stages,
     run,
-    tiny_params,
-    traced_env,
     undeclared_params,
-    with_budgeted,
 )
 
 
 @pytest.fixture(scope="module")
-def trace_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("params-trace")
+def trace_dir(tiny_trace_dir) -> Path:
+    return tiny_trace_dir
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory, trace_dir) -> Path:
-    root = make_tiny_project(tmp_path_factory.mktemp("repo"), params=with_budgeted(tiny_params()))
-    first = run(["dvc", "repro"], root, traced_env(trace_dir))
-    assert ran_stages(first) == STAGES
-    return root
+def repo(tiny_reproduced) -> Path:
+    return tiny_reproduced[0]  # reproduced once by conftest.py, shared with tests/test_killed_runs.py
 
 
 def test_every_stage_declares_the_params_it_reads(repo, trace_dir):
