@@ -196,6 +196,6 @@ def test_a_stage_that_keeps_failing_fails_the_flow_with_its_error_and_writes_not
     with pytest.raises(flows.StageFailed) as failure:
         flows.experiment(overrides={"data.max_length": 15}, workspace=str(workspace), retries=1)
     headline = str(failure.value).splitlines()[0]
-    assert "dvc repro --single-item prepare" in headline and "unknown task source 'data.csv'" in headline
+    assert "dvc repro --single-item prepare" in headline and "data.source: no file or folder data.csv" in headline
     assert not (workspace / "artifacts" / "tiny" / "data").exists()  # DVC removed the old; nothing half-new
     assert (workspace / "dvc.lock").read_text() == lock_before
