@@ -18,7 +18,7 @@ import functools
 
 import pandas as pd
 
-from pipeline.core.importance import rank_heads, select_heads
+from pipeline.core.importance import HeadChoice
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import BUDGETED_TUNED, IMPORTANCE
@@ -59,27 +59,28 @@ def prune(exp: Experiment) -> None:
     # A short batch to count FLOPs on: its length sets the attention's share of them.
     probe_batch = exp.score_batches()[0] if exp.is_translation else next(iter(evals.values())).eval_set.batches[0]
     probe = {k: v[:8] for k, v in probe_batch.items()}
-    num_heads = [site.num_heads for site in attention_sites(model)]
-    total = sum(num_heads)
+    sites = attention_sites(model)
+    total = sum(site.num_heads for site in sites)
+    choice = HeadChoice(pp.unit, pp.uniform, pp.min_heads_per_layer)
     levels = pruning_levels(pp.step, pp.max_fraction)
     counts = [heads_for(level, total) for level in levels]
     evaluator = CurveEvaluator(model, evals, probe)
     importance = importance_by_site(model, exp.reports / "importance.csv")
-    order = rank_heads(importance)
+    order = choice.rank(importance, sites)
 
     for fraction in pp.save_fractions:  # for the recover and benchmark stages
-        plan = select_heads(order, num_heads, heads_for(fraction, total), pp.min_heads_per_layer)
+        plan = choice.select(order, sites, heads_for(fraction, total))
         exp.save(pruned_copy(model, plan), exp.pruned_dir(fraction))
-    curves = paper_curves(evaluator, order, counts, pp.random_seeds, pp.min_heads_per_layer,
+    curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
                           exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
     summary: dict = {}
     if exp.is_translation and pp.by_kind:
-        curves += kind_curves(evaluator, order, levels, pp.min_heads_per_layer)
+        curves += kind_curves(evaluator, order, levels, choice)
     if exp.is_translation and pp.checkpoints:
         loaders = {step: functools.partial(exp.load, path) for step, path in exp.checkpoint_dirs().items()}
         by_step, summary["importance_rank_correlation_with_final"] = checkpoint_curves(
             loaders, evaluator, exp.score_batches(), counts, importance,
-            p.score.normalize_p, pp.min_heads_per_layer, log=lambda line: log.info("prune: %s", line))
+            p.score.normalize_p, choice, log=lambda line: log.info("prune: %s", line))
         curves += by_step
     table = pd.concat(curves, ignore_index=True)
     write_csv(exp.reports / "pruning_curve.csv", table)

@@ -11,8 +11,8 @@ from datasets import Dataset
 
 from pipeline.config.params import ParamsError, load_params, parse_params
 from pipeline.core.gates import head_gates
-from pipeline.core.importance import random_order
-from pipeline.core.sites import layer_stack
+from pipeline.core.importance import HeadChoice, random_order
+from pipeline.core.sites import attention_sites, layer_stack
 from pipeline.methods.ablation import ablation_tables, record_block_outputs, replay_blocks_below
 from pipeline.methods.bench import forward_memory_mb
 from pipeline.methods.pruning import (
@@ -165,14 +165,15 @@ def test_curve_evaluates_each_distinct_plan_once_and_reports_flops_removed():
     evaluator = CurveEvaluator(model, {s: ClassificationEval(es, "accuracy") for s, es in eval_sets.items()},
                                {k: v[:2] for k, v in eval_sets["dev"].batches[0].items()})
     order = random_order([4, 4], seed=0)
-    curve = evaluator.curve("random", plans_from_order(order, [4, 4], [0, 2, 4, 8]), progress=False)
+    sites = attention_sites(model)
+    curve = evaluator.curve("random", plans_from_order(order, sites, [0, 2, 4, 8]), progress=False)
     assert list(curve.columns) == ["method", "split", "fraction_pruned", "heads_pruned", "metric",
                                    "fraction_flops_removed", "examples"]
     assert set(curve.examples) == {30}
     assert curve.fraction_pruned.tolist() == [0, 0, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0]
     removed = curve.fraction_flops_removed.to_numpy()
     assert removed[0] == 0 and np.all(np.diff(removed[::2]) > 0)
-    evaluator.curve("again", plans_from_order(order, [4, 4], [0, 2]), progress=False)
+    evaluator.curve("again", plans_from_order(order, sites, [0, 2]), progress=False)
     assert len(evaluator._cache) == 4
 
 
@@ -181,8 +182,9 @@ def test_reestimated_plans_grow_cumulatively_and_are_deterministic():
     data = tiny_dataset(24)
     batches = [{"input_ids": torch.tensor([ids[:3] for ids in data["input_ids"][:8]]),
                 "labels": torch.tensor(data["labels"][:8])}]
-    plans = list(reestimated_plans(model, batches, [0, 2, 5, 6], normalize_p=2.0, min_heads_per_site=1))
-    again = list(reestimated_plans(model, batches, [0, 2, 5, 6], normalize_p=2.0, min_heads_per_site=1))
+    keep_one = HeadChoice(min_heads_per_site=1)
+    plans = list(reestimated_plans(model, batches, [0, 2, 5, 6], normalize_p=2.0, choice=keep_one))
+    again = list(reestimated_plans(model, batches, [0, 2, 5, 6], normalize_p=2.0, choice=keep_one))
     assert plans == again
     sizes = [sum(len(h) for h in p.values()) for p in plans]
     assert sizes == [0, 2, 5, 6]
@@ -195,7 +197,7 @@ def test_reestimated_plans_cannot_break_the_minimum_per_site():
     model = tiny_model("bert")
     batches = [{"input_ids": torch.randint(3, 96, (4, 5)), "labels": torch.tensor([0, 1, 2, 0])}]
     with pytest.raises(ValueError, match="keeping 1 per layer"):
-        list(reestimated_plans(model, batches, [0, 7], normalize_p=2.0, min_heads_per_site=1))
+        list(reestimated_plans(model, batches, [0, 7], normalize_p=2.0, choice=HeadChoice(min_heads_per_site=1)))
 
 
 def test_random_baseline_is_the_mean_over_seeds_with_its_spread():

@@ -157,8 +157,8 @@ def test_one_pruning_level_by_importance_is_scored_with_bleu(model):
                                fb.labelled_batches(model, sources[:8], targets[:8], batch_size=8)[0])
     valid_sources, valid_targets = fb.read_split(model, "valid")
     scores = head_importance(model, fb.labelled_batches(model, valid_sources, valid_targets), progress=False)
-    order, heads = rank_heads(scores), [s.num_heads for s in attention_sites(model)]
-    curve = evaluator.curve("importance", plans_from_order(order, heads, [0, 6]), progress=False)
+    curve = evaluator.curve("importance", plans_from_order(rank_heads(scores), attention_sites(model), [0, 6]),
+                            progress=False)
     unpruned, pruned = curve.to_dict("records")
     assert unpruned["heads_pruned"] == 0 and unpruned["metric"] >= 50.0  # the toy task was learned
     assert pruned["heads_pruned"] == 6 and pruned["fraction_pruned"] == 0.25

@@ -23,6 +23,7 @@ from pipeline.files.schema import (
     DEVICE_PATTERN,
     DEVICES,
     EVAL_SPLITS,
+    HEAD_UNITS,
     PRECISIONS,
     SCRATCH,
     SPLITS,
@@ -151,6 +152,11 @@ class PruneParams(Section):
     reestimate: bool = True
     random_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     min_heads_per_layer: int = Field(0, ge=0)
+    # Grouped-query attention: remove the same number of query heads from every key/value group of a layer (query),
+    # or whole groups with their key/value head (group). Multi-head attention has one head per group: no difference.
+    unit: Literal[HEAD_UNITS] = "query"
+    # true: every layer loses the same number of heads, so a pruned model keeps one shape (a stock config).
+    uniform: bool = False
     # Seeded subsets of dev and test for the curves (null: all); each level is one evaluation per split.
     max_examples: int | None = Field(300, ge=10)
     # Physically pruned models are saved at these fractions, for the recover and benchmark stages.

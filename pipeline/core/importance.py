@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.gates import head_gates
-from pipeline.core.sites import is_decoder_only
+from pipeline.core.sites import AttentionSite, is_decoder_only
 from pipeline.files.schema import HEAD_UNITS
 
 LABEL_PAD = -100
@@ -203,3 +204,29 @@ def select_heads(
         raise ValueError(f"cannot prune {count} heads while keeping {min_heads_per_site} per layer: "
                          f"at most {taken} can go")
     return {site: sorted(heads) for site, heads in sorted(chosen.items())}
+
+
+@dataclass(frozen=True)
+class HeadChoice:
+    """How heads are chosen for removal, the same for every method that ranks them (`prune.unit`,
+    `prune.uniform`, `prune.min_heads_per_layer`): in which units under grouped-query attention, whether every
+    layer loses the same number, and how many each must keep. For multi-head attention and the defaults, the
+    paper's global ranking."""
+
+    unit: str = "query"
+    uniform: bool = False
+    min_heads_per_site: int = 0
+
+    def rank(self, importance: Sequence[torch.Tensor], sites: Sequence[AttentionSite]) -> list[Head]:
+        return rank_heads(importance, [site.head_groups for site in sites], self.unit)
+
+    def random(self, sites: Sequence[AttentionSite], seed: int) -> list[Head]:
+        return random_order([site.num_heads for site in sites], seed, [site.head_groups for site in sites], self.unit)
+
+    def select(self, order: Sequence[Head], sites: Sequence[AttentionSite], count: int) -> dict[int, list[int]]:
+        grouped = any(site.original_group_size > 1 for site in sites)
+        return select_heads(order, [site.num_heads for site in sites], count, self.min_heads_per_site,
+                            [site.head_groups for site in sites] if grouped else None, self.uniform)
+
+
+PAPER_CHOICE = HeadChoice()  # the paper's: heads one by one in the global ranking, no layer kept

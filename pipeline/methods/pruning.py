@@ -22,15 +22,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.flops import forward_flops
-from pipeline.core.importance import (
-    Head,
-    head_importance,
-    normalize_per_layer,
-    random_order,
-    rank_heads,
-    select_heads,
-)
-from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice, head_importance, normalize_per_layer
+from pipeline.core.sites import AttentionSite, attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.files.artifacts import DamagedArtifact, read_table
 from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, TOLERANCE, checkpoint_method, kind_method
@@ -53,15 +46,15 @@ def pruned_copy(model: nn.Module, plan: Mapping[int, Sequence[int]]) -> nn.Modul
     return prune_heads(copy.deepcopy(model), plan)
 
 
-def plans_from_order(order: Sequence[Head], num_heads: Sequence[int], counts: Sequence[int],
-                     min_heads_per_site: int = 0) -> Iterator[Plan]:
+def plans_from_order(order: Sequence[Head], sites: Sequence[AttentionSite], counts: Sequence[int],
+                     choice: HeadChoice = PAPER_CHOICE) -> Iterator[Plan]:
     for count in counts:
-        yield select_heads(order, num_heads, count, min_heads_per_site)
+        yield choice.select(order, sites, count)
 
 
 def reestimated_plans(
     model: nn.Module, score_batches: Sequence[Mapping[str, torch.Tensor]], counts: Sequence[int],
-    normalize_p: float | None, min_heads_per_site: int = 0,
+    normalize_p: float | None, choice: HeadChoice = PAPER_CHOICE,
 ) -> Iterator[Plan]:
     """The paper's `--exact_pruning`: before each step, re-score the heads of the model pruned so far
     and remove the next least important ones."""
@@ -73,7 +66,7 @@ def reestimated_plans(
             sites = attention_sites(current)
             scores = normalize_per_layer(head_importance(current, score_batches, progress=False), normalize_p)
             # Scores index the heads still present; kept_heads maps those positions to original indices.
-            step = select_heads(rank_heads(scores), [site.num_heads for site in sites], need, min_heads_per_site)
+            step = choice.select(choice.rank(scores, sites), sites, need)
             for s, positions in step.items():
                 removed[s] = sorted(removed.get(s, []) + [sites[s].kept_heads[p] for p in positions])
         yield {s: list(h) for s, h in removed.items()}
@@ -137,34 +130,32 @@ def importance_by_site(model: nn.Module, path: Path) -> list[torch.Tensor]:
 
 def paper_curves(
     evaluator: CurveEvaluator, order: Sequence[Head], counts: Sequence[int], random_seeds: Sequence[int],
-    min_heads_per_site: int = 0, reestimate_batches: Sequence[Mapping[str, torch.Tensor]] | None = None,
+    choice: HeadChoice = PAPER_CHOICE, reestimate_batches: Sequence[Mapping[str, torch.Tensor]] | None = None,
     normalize_p: float | None = 2.0,
 ) -> list[pd.DataFrame]:
     """Figures 3/4: heads removed in importance order (one-shot), re-estimated before every step (when
     `reestimate_batches` are given), and in random orders (the mean over `random_seeds`)."""
-    num_heads = [site.num_heads for site in attention_sites(evaluator.model)]
-    curves = [evaluator.curve(IMPORTANCE, plans_from_order(order, num_heads, counts, min_heads_per_site))]
+    sites = attention_sites(evaluator.model)
+    curves = [evaluator.curve(IMPORTANCE, plans_from_order(order, sites, counts, choice))]
     if reestimate_batches is not None:
-        plans = reestimated_plans(evaluator.model, reestimate_batches, counts, normalize_p, min_heads_per_site)
+        plans = reestimated_plans(evaluator.model, reestimate_batches, counts, normalize_p, choice)
         curves.append(evaluator.curve(REESTIMATED, plans))
-    randoms = [evaluator.curve(RANDOM, plans_from_order(random_order(num_heads, seed), num_heads, counts,
-                                                        min_heads_per_site))
+    randoms = [evaluator.curve(RANDOM, plans_from_order(choice.random(sites, seed), sites, counts, choice))
                for seed in random_seeds]
     curves.append(mean_over_seeds(randoms, RANDOM))
     return curves
 
 
 def kind_curves(evaluator: CurveEvaluator, order: Sequence[Head], levels: Sequence[float],
-                min_heads_per_site: int = 0) -> list[pd.DataFrame]:
+                choice: HeadChoice = PAPER_CHOICE) -> list[pd.DataFrame]:
     """Figure 5: each attention kind (encoder, decoder, cross) pruned alone, in the global importance order;
     fraction_pruned is the share of that kind's heads."""
     sites = attention_sites(evaluator.model)
-    num_heads = [site.num_heads for site in sites]
     curves = []
     for kind in dict.fromkeys(site.kind for site in sites):
         in_kind = [head for head in order if sites[head[0]].kind == kind]
         counts = [heads_for(level, len(in_kind)) for level in levels]
-        plans = plans_from_order(in_kind, num_heads, counts, min_heads_per_site)
+        plans = plans_from_order(in_kind, sites, counts, choice)
         curves.append(evaluator.curve(kind_method(kind), plans, of_heads=len(in_kind)))
     return curves
 
@@ -172,7 +163,7 @@ def kind_curves(evaluator: CurveEvaluator, order: Sequence[Head], levels: Sequen
 def checkpoint_curves(
     checkpoints: Mapping[int, Callable[[], nn.Module]], final_evaluator: CurveEvaluator,
     batches: Sequence[Mapping[str, torch.Tensor]], counts: Sequence[int], final_importance: Sequence[torch.Tensor],
-    normalize_p: float | None = 2.0, min_heads_per_site: int = 0, log: Callable[[str], None] | None = None,
+    normalize_p: float | None = 2.0, choice: HeadChoice = PAPER_CHOICE, log: Callable[[str], None] | None = None,
 ) -> tuple[list[pd.DataFrame], dict[str, float]]:
     """Figure 6 (the paper's Section 6): prune each training checkpoint (step -> loader, the last being the
     final model) by its own importance. Also the Spearman correlation of each checkpoint's importance with
@@ -183,8 +174,8 @@ def checkpoint_curves(
     for step, load in checkpoints.items():
         model = load()
         importance = normalize_per_layer(head_importance(model, batches, progress=False), normalize_p)
-        num_heads = [len(t) for t in importance]
-        plans = plans_from_order(rank_heads(importance), num_heads, counts, min_heads_per_site)
+        sites = attention_sites(model)
+        plans = plans_from_order(choice.rank(importance, sites), sites, counts, choice)
         # The last checkpoint is the final model: its evaluator already holds most of these plans.
         evaluator = final_evaluator if step == last else CurveEvaluator(model, final_evaluator.evals,
                                                                         final_evaluator.probe)
