@@ -96,7 +96,7 @@ def prune(exp: Experiment) -> None:
         result = budgeted_comparison(
             model, order, probe, CurveEvaluator(model, budget_evals, probe), exp.sample_batches(b.fisher_examples),
             tune_batches, b.methods, b.levels, b.budget, LatencyShape(**b.latency.model_dump()),
-            first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels)
+            first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels, choice=choice)
         for level, pruned in result.models.items():
             exp.save(pruned, exp.budgeted_dir(level))
         for level in sorted(set(b.save_levels) - set(result.models)):

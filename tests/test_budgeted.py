@@ -10,7 +10,7 @@ import torch
 
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.core.flops import forward_flops
-from pipeline.core.importance import per_example_loss
+from pipeline.core.importance import HeadChoice, per_example_loss
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED
@@ -293,3 +293,60 @@ def test_selection_plans_name_original_indices_of_the_units_that_go():
     selection = Selection(heads=[[0, 3], [0, 1, 2, 3]], neurons=[list(range(30)), list(range(37))])
     heads, neurons = selection.plans(model)
     assert heads == {0: [1, 2], 1: []} and neurons == {0: list(range(30, 37)), 1: []}
+
+
+# --- decoder-only language models: pre-norm tuning, grouped-query units ------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "opt"])
+def test_tune_on_an_unpruned_copy_of_a_pre_norm_decoder_changes_nothing(family):
+    teacher = tiny_model(family, attn_implementation="eager")
+    student = copy.deepcopy(teacher)
+    outcome = tune(student, teacher, batches(family), progress=False)
+    assert outcome["tuned"] == 2 * len(attention_sites(teacher))
+    batch = tiny_batch(family, batch_size=3, length=9, seed=7)
+    torch.testing.assert_close(_last_hidden(student, batch), _last_hidden(teacher, batch), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_tuning_a_pruned_pre_norm_decoder_fits_its_layers_better_than_no_tuning(family):
+    teacher = sharpened(family)
+    if family == "gpt2":  # Conv1D, not nn.Linear: sharpen its weights too
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, param in teacher.named_parameters():
+                if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+                    param.normal_(0, 0.2, generator=g)
+    data = batches(family, count=6, size=8)
+    groups = attention_sites(teacher)[0].head_groups  # GQA: one query head of each group, then a whole group
+    plan = {0: [group[0] for group in groups], 1: groups[0]} if len(groups[0]) > 1 else {0: [0, 2], 1: [1]}
+    untuned = prune_neurons(prune_heads(copy.deepcopy(teacher), plan), {0: list(range(0, 37, 2))})
+    tuned = copy.deepcopy(untuned)
+    tune(tuned, teacher, data, progress=False)
+    assert first_attention_error(tuned, teacher, data) < first_attention_error(untuned, teacher, data)
+
+    def error(model):
+        return sum(float((_last_hidden(model, b) - _last_hidden(teacher, b)).pow(2).mean()) for b in data)
+
+    assert error(tuned) < error(untuned)
+
+
+@pytest.mark.parametrize("unit", ["query", "group"])
+@pytest.mark.parametrize("method", BUDGETED_METHODS)
+def test_budgeted_prune_of_a_gqa_model_removes_whole_units_and_meets_the_flop_budget(unit, method):
+    model = tiny_model("llama", attn_implementation="eager")
+    data = batches("llama")
+    gradients = gate_gradients(model, data, progress=False)
+    costs = flop_costs(model, probe("llama"))
+    keep = 0.85 if method == BUDGETED_HEADS else 0.6
+    result = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data, choice=HeadChoice(unit))
+    sites = attention_sites(result.model)
+    assert sum(s.num_heads for s in sites) < 24  # heads went, in whole units:
+    for site in sites:
+        sizes = {len(group) for group in site.head_groups}
+        assert len(sizes) <= 1
+        if unit == "group":
+            assert sizes <= {4}  # groups kept whole
+        else:
+            assert site.num_kv_heads in (0, 2)  # key/value heads stay until their last query head goes
+    assert forward_flops(result.model, probe("llama")) <= keep * costs.total * 1.05  # FLOPs model: k/v shared

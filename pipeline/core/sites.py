@@ -290,6 +290,9 @@ class Family:
     # The config keys that describe a uniformly pruned shape in the family's own config class, so that stock
     # `from_pretrained` builds it (`pipeline.core.checkpoint.stock_config` checks that the class does).
     stock_keys: Callable[[PrunedShape], dict] | None = None
+    # Pre-norm families: per layer, the norms in front of its attention and its FFN, whose input is the residual
+    # stream that the sublayer's output is added to. None: post-norm (the residual is the sublayer's own input).
+    pre_norms: Callable[[nn.Module], Iterator[tuple[nn.Module, nn.Module]]] | None = None
 
 
 def _gqa_keys(shape: PrunedShape) -> dict:
@@ -317,9 +320,18 @@ def _decoder_stack(path: str) -> Callable[[nn.Module], dict[str, nn.ModuleList]]
     return stacks
 
 
+def _norms(path: str, attention_norm: str, ffn_norm: str) -> Callable[[nn.Module], Iterator[tuple[nn.Module,
+                                                                                                nn.Module]]]:
+    def norms(base: nn.Module) -> Iterator[tuple[nn.Module, nn.Module]]:
+        for layer in base.get_submodule(path):
+            yield layer.get_submodule(attention_norm), layer.get_submodule(ffn_norm)
+
+    return norms
+
+
 def _gqa_family() -> Family:
     return Family(_GQA_LAYOUT, _decoder_only("layers", "self_attn", "o_proj"), _decoder_stack("layers"),
-                  _gated_mlp_ffn, _gqa_keys)
+                  _gated_mlp_ffn, _gqa_keys, _norms("layers", "input_layernorm", "post_attention_layernorm"))
 
 
 def _encoder_stack(path: str) -> Callable[[nn.Module], dict[str, nn.ModuleList]]:
@@ -350,9 +362,12 @@ FAMILIES: dict[str, Family] = {
     "qwen2": _gqa_family(),
     "qwen3": _gqa_family(),
     "mistral": _gqa_family(),
+    # OPT-350m normalises after its sublayers (do_layer_norm_before: false); `pre_norms` says which it is.
     "opt": Family(_OPT_LAYOUT, _decoder_only("decoder.layers", "self_attn", "out_proj"),
-                  _decoder_stack("decoder.layers"), _opt_ffn, _opt_keys),
-    "gpt2": Family(_GPT2_LAYOUT, _decoder_only("h", "attn", "c_proj"), _decoder_stack("h"), _gpt2_ffn, _gpt2_keys),
+                  _decoder_stack("decoder.layers"), _opt_ffn, _opt_keys,
+                  _norms("decoder.layers", "self_attn_layer_norm", "final_layer_norm")),
+    "gpt2": Family(_GPT2_LAYOUT, _decoder_only("h", "attn", "c_proj"), _decoder_stack("h"), _gpt2_ffn, _gpt2_keys,
+                   _norms("h", "ln_1", "ln_2")),
 }
 
 
@@ -400,6 +415,15 @@ def ffn_sites(model: nn.Module) -> list[FeedForwardSite]:
 def is_decoder_only(model: nn.Module) -> bool:
     """A language model whose every attention is the decoder's self-attention (Llama, GPT-2, ...)."""
     return {site.kind for site in attention_sites(model)} == {DECODER}
+
+
+def pre_norms(model: nn.Module) -> list[tuple[nn.Module, nn.Module]] | None:
+    """Per layer, the norms in front of the attention and the FFN of a pre-norm model (their input is the
+    residual stream); None for a post-norm model, whose sublayers' inputs are the residual."""
+    family = family_of(model)
+    if family.pre_norms is None or not getattr(model.config, "do_layer_norm_before", True):
+        return None
+    return list(family.pre_norms(getattr(model, "base_model", model)))
 
 
 def layer_stack(model: nn.Module, kind: str) -> nn.ModuleList:

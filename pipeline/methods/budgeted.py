@@ -15,6 +15,11 @@ on this machine), three steps decide what stays, each far cheaper than retrainin
    unpruned layer's output, residual included, on the sample: a linear least-squares problem per layer.
    The scales are folded into the output projections, so the result is an ordinary physically pruned
    model that `pipeline.core.checkpoint.save_model` writes like every other.
+
+Under grouped-query attention the attention's units are not single heads but what `HeadChoice.unit` removes
+together (`head_units`): whole key/value groups, or slices of one query head from every group. A unit's
+gradient is the sum of its heads' (the gradient of one gate shared by the unit), so its Fisher information,
+the rearrangement and the costs all follow; every selection is then a valid GQA shape.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from tqdm.auto import tqdm
 
 from pipeline.core.flops import module_flops
 from pipeline.core.gates import head_gates, neuron_gates
-from pipeline.core.importance import frozen_for_gate_gradients, per_example_loss
-from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.importance import PAPER_CHOICE, HeadChoice, frozen_for_gate_gradients, per_example_loss
+from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only, pre_norms
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED, ENCODER
 from pipeline.methods.bench import median_time
@@ -74,6 +79,36 @@ def gate_gradients(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
         raise ValueError("gate_gradients got no batches: the Fisher sample is empty")
     return UnitGradients([torch.cat(site) for site in zip(*heads, strict=True)],
                          [torch.cat(site) for site in zip(*neurons, strict=True)])
+
+
+def head_units(model: nn.Module, head_fisher: Sequence[torch.Tensor], unit: str) -> list[list[list[int]]]:
+    """Per attention site, the sets of head positions that go together: single heads under multi-head
+    attention; under grouped-query attention whole groups (unit "group") or, for unit "query", slices made of
+    the k-th least important head (by `head_fisher`) of every group, so that any number of slices leaves the
+    groups equal."""
+    units = []
+    for site, fisher in zip(attention_sites(model), head_fisher, strict=True):
+        groups = site.head_groups
+        if unit == "group" or all(len(group) == 1 for group in groups):
+            units.append(groups)
+            continue
+        by_group = [sorted(group, key=lambda h: (float(fisher[h]), h)) for group in groups]
+        units.append([sorted(g[k] for g in by_group) for k in range(len(by_group[0]))])
+    return units
+
+
+def _unit_gradients(gradients: UnitGradients, units: Sequence[Sequence[Sequence[int]]]) -> UnitGradients:
+    """The per-example gradient of one gate shared by each unit's heads: the sum of theirs."""
+    heads = [torch.stack([g[:, unit].sum(1) for unit in site_units], dim=1) if site_units else g[:, :0]
+             for g, site_units in zip(gradients.heads, units, strict=True)]
+    return UnitGradients(heads, gradients.neurons)
+
+
+def _unit_costs(costs: UnitCosts, units: Sequence[Sequence[Sequence[int]]]) -> UnitCosts:
+    """`costs` with each site's attention units in place of its heads (a unit of n heads costs n heads)."""
+    size = [len(site_units[0]) if site_units else 0 for site_units in units]
+    return UnitCosts([c * n for c, n in zip(costs.head, size, strict=True)], costs.neuron,
+                     [len(site_units) for site_units in units], costs.neuron_counts, costs.total, costs.unit)
 
 
 # --- costs ------------------------------------------------------------------------------------------------
@@ -303,7 +338,9 @@ class _Stop(Exception):
 
 
 def _tokens(x: torch.Tensor, mask: torch.Tensor, first_only: bool) -> torch.Tensor:
-    """`[batch, seq, d]` -> the `[tokens, d]` rows of real (unpadded) tokens, or of each first token."""
+    """`[batch, seq, d]` -> the `[tokens, d]` rows of real (unpadded) tokens, or of each first token. OPT runs its
+    FFN on the flattened `[batch * seq, d]`."""
+    x = x.view(*mask.shape, x.shape[-1]) if x.dim() == 2 else x
     return x[:, 0] if first_only else x[mask.bool()]
 
 
@@ -332,15 +369,19 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
 
     Sublayers are tuned in model order, each on the inputs the already-tuned student gives it, so later
     layers also correct earlier layers' errors. `first_token_last_layer`: a sequence classifier reads only the
-    first token of the last layer, so only that token is matched there. Encoder-only, post-LayerNorm models
-    (every supported classification family): their residual is the sublayer's input. Returns how many
-    sublayers were tuned and how many kept their scales at 1.
+    first token of the last layer, so only that token is matched there. Encoder-only post-norm models (every
+    supported classification family: the residual is the sublayer's input) and decoder-only language models
+    (pre-norm: the residual is the input of the norm in front of the sublayer). Returns how many sublayers were
+    tuned and how many kept their scales at 1.
     """
     s_sites, t_sites = attention_sites(student), attention_sites(teacher)
     s_ffn, t_ffn = ffn_sites(student), ffn_sites(teacher)
-    if any(site.kind != ENCODER for site in s_sites) or len(s_sites) != len(s_ffn):
-        raise ValueError("tuning supports encoder-only models (one attention and one FFN sublayer per layer); "
-                         f"{type(student).__name__} has {len(s_sites)} attention and {len(s_ffn)} FFN sites")
+    one_stack = all(site.kind == ENCODER for site in s_sites) or is_decoder_only(student)
+    if not one_stack or len(s_sites) != len(s_ffn):
+        raise ValueError("tuning supports encoder-only and decoder-only models (one attention and one FFN "
+                         f"sublayer per layer); {type(student).__name__} has {len(s_sites)} attention and "
+                         f"{len(s_ffn)} FFN sites")
+    s_norms, t_norms = pre_norms(student), pre_norms(teacher)
     device = next(student.parameters()).device
     batches = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
     masks = [batch["attention_mask"] for batch in batches]
@@ -349,19 +390,27 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
     # Each sublayer is (kind, site index): its residual input comes from `entry`, its output from `exit`.
     sublayers = [(kind, i) for i in range(len(s_sites)) for kind in ("attention", "ffn")]
 
-    def entry_exit(sites_, ffn_, kind: str, i: int) -> tuple[nn.Module, nn.Module]:
-        return (sites_[i].module, sites_[i].out_proj) if kind == "attention" else (ffn_[i].fc_in, ffn_[i].fc_out)
+    def entry_exit(sites_, ffn_, norms, kind: str, i: int) -> tuple[nn.Module, nn.Module]:
+        """Where the sublayer's residual is read (its input, or its pre-norm's) and the module it ends with."""
+        attention = kind == "attention"
+        exit_ = sites_[i].out_proj if attention else ffn_[i].fc_out
+        if norms is not None:
+            return norms[i][0 if attention else 1], exit_
+        return (sites_[i].module if attention else ffn_[i].fc_in), exit_
+
+    def residual_of(layout, kind: str, pre_norm: bool, args: tuple, kwargs: dict) -> torch.Tensor:
+        return _query_input(layout, args, kwargs) if kind == "attention" and not pre_norm else args[0]
 
     # The teacher's target for every sublayer, in one pass: output (bias included) + residual input.
     targets: dict[tuple[str, int], list[torch.Tensor]] = {key: [] for key in sublayers}
     handles, current = [], {}
     for kind, i in sublayers:
         first_only = first_token_last_layer and kind == "ffn" and i == last
-        entry, exit_ = entry_exit(t_sites, t_ffn, kind, i)
+        entry, exit_ = entry_exit(t_sites, t_ffn, t_norms, kind, i)
         layout = t_sites[i].layout
 
         def grab_residual(_m, args, kwargs, key=(kind, i), layout=layout):
-            current[key] = _query_input(layout, args, kwargs) if key[0] == "attention" else args[0]
+            current[key] = residual_of(layout, key[0], t_norms is not None, args, kwargs)
 
         def grab_target(_m, _args, output, key=(kind, i), first_only=first_only):
             targets[key].append(_tokens(output + current.pop(key), current["mask"], first_only).double())
@@ -384,14 +433,14 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
             if units == 0:
                 continue
             first_only = first_token_last_layer and kind == "ffn" and i == last
-            entry, exit_ = entry_exit(s_sites, s_ffn, kind, i)
-            weight = exit_.weight.double()  # [hidden, units * width]
+            entry, exit_ = entry_exit(s_sites, s_ffn, s_norms, kind, i)
+            weight = _weight_out_in(exit_).double()  # [hidden, units * width]
             bias = exit_.bias.double() if exit_.bias is not None else 0.0
             ata = torch.zeros(units, units, dtype=torch.float64, device=weight.device)
             atb = torch.zeros(units, dtype=torch.float64, device=weight.device)
 
             def grab_residual(_m, args, kwargs, layout=s_sites[i].layout, kind=kind):
-                captured["residual"] = _query_input(layout, args, kwargs) if kind == "attention" else args[0]
+                captured["residual"] = residual_of(layout, kind, s_norms is not None, args, kwargs)
 
             def grab_parts(_m, args):
                 captured["parts"] = args[0]
@@ -432,12 +481,16 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
         # Fold the scales into the output projections' columns, so no gate is needed at inference.
         for gate, site in zip(h_gates, s_sites, strict=True):
             if site.num_heads:
-                width = site.out_proj.in_features // site.num_heads
-                site.out_proj.weight.mul_(gate.repeat_interleave(width).to(site.out_proj.weight.dtype))
+                _weight_out_in(site.out_proj).mul_(gate.repeat_interleave(site.head_dim).to(site.out_proj.weight.dtype))
         for gate, site in zip(n_gates, s_ffn, strict=True):
             if site.num_neurons:
-                site.fc_out.weight.mul_(gate.to(site.fc_out.weight.dtype))
+                _weight_out_in(site.fc_out).mul_(gate.to(site.fc_out.weight.dtype))
     return outcome
+
+
+def _weight_out_in(layer: nn.Module) -> torch.Tensor:
+    """A linear's weight as `[out, in]`: GPT-2's Conv1D stores it transposed (a view, so writes go through)."""
+    return layer.weight if isinstance(layer, nn.Linear) else layer.weight.T
 
 
 # --- the method -----------------------------------------------------------------------------------------------
@@ -453,22 +506,30 @@ class BudgetedPrune:
 
 def budgeted_prune(model: nn.Module, gradients: UnitGradients, costs: UnitCosts, keep: float, method: str,
                    tune_batches: Batches | None = None, first_token_last_layer: bool = False,
-                   progress: bool = False) -> BudgetedPrune:
+                   progress: bool = False, choice: HeadChoice = PAPER_CHOICE) -> BudgetedPrune:
     """Prune a copy of `model` to `keep` of its cost with one of `BUDGETED_METHODS`:
 
     - `budgeted-heads`: heads only, chosen by Fisher importance and rearranged;
     - `budgeted`: heads and FFN neurons jointly, chosen and rearranged;
     - `budgeted-tuned`: as `budgeted`, then tuned on `tune_batches`.
+
+    Under grouped-query attention heads go in the units of `choice.unit` (`head_units`).
     """
     if method not in BUDGETED_METHODS:
         raise ValueError(f"unknown budgeted method {method!r}; choose one of {', '.join(BUDGETED_METHODS)}")
     seconds = {}
     start = time.perf_counter()
-    head_fisher, neuron_fisher = gradients.fisher()
-    selection = search(head_fisher, neuron_fisher, costs, keep, prune_neurons=method != BUDGETED_HEADS)
+    units = head_units(model, gradients.fisher()[0], choice.unit)
+    unit_gradients = _unit_gradients(gradients, units)
+    head_fisher, neuron_fisher = unit_gradients.fisher()
+    selection = search(head_fisher, neuron_fisher, _unit_costs(costs, units), keep,
+                       prune_neurons=method != BUDGETED_HEADS)
     seconds["search"] = time.perf_counter() - start
     start = time.perf_counter()
-    selection = rearrange(selection, gradients)
+    selection = rearrange(selection, unit_gradients)
+    # From kept units to kept heads.
+    selection = Selection([sorted(h for u in kept for h in site_units[u])
+                           for kept, site_units in zip(selection.heads, units, strict=True)], selection.neurons)
     seconds["rearrange"] = time.perf_counter() - start
     head_plan, neuron_plan = selection.plans(model)
     pruned = prune_neurons(prune_heads(copy.deepcopy(model), head_plan), neuron_plan)

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.core.importance import Head
+from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice
+from pipeline.core.sites import attention_sites
 from pipeline.files.schema import BUDGETED_TUNED, PAPER, TABLE_COLUMNS
 from pipeline.methods.bench import random_inputs
 from pipeline.methods.budgeted import (
@@ -31,22 +32,24 @@ from pipeline.methods.budgeted import (
 from pipeline.methods.pruning import CurveEvaluator, Plan, pruned_copy
 
 
-def paper_plan_at_cost(order: Sequence[Head], costs: UnitCosts, keep: float) -> Plan | None:
-    """The paper's method under a cost budget: heads go in importance order (least important first) until
-    the model costs at most `keep` of the unpruned one. None when even removing every head is not enough."""
-    budget, cost, plan = keep * costs.total * (1 + 1e-9), costs.total, {}
-    for site, head in order:
-        if cost <= budget:
-            break
-        plan.setdefault(site, []).append(head)
-        cost -= costs.head[site]
-    return {site: sorted(heads) for site, heads in plan.items()} if cost <= budget else None
+def paper_plan_at_cost(model: nn.Module, order: Sequence[Head], costs: UnitCosts, keep: float,
+                       choice: HeadChoice = PAPER_CHOICE) -> Plan | None:
+    """The paper's method under a cost budget: heads go in importance order (least important first, in the
+    whole units of `choice`) until the model costs at most `keep` of the unpruned one. None when even removing
+    every head is not enough."""
+    sites = attention_sites(model)
+    budget = keep * costs.total * (1 + 1e-9)
+    for count in range(sum(site.num_heads for site in sites) + 1):
+        plan = choice.select(order, sites, count)
+        if costs.total - sum(costs.head[site] * len(heads) for site, heads in plan.items()) <= budget:
+            return plan
+    return None
 
 
 def budgeted_curves(
     model: nn.Module, evaluator: CurveEvaluator, gradients: UnitGradients, costs: UnitCosts,
     paper_order: Sequence[Head], levels: Sequence[float], methods: Sequence[str], tune_batches: Batches,
-    first_token_last_layer: bool, keep_models_at: Sequence[float] = (),
+    first_token_last_layer: bool, keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE,
 ) -> tuple[pd.DataFrame, dict[str, float], dict[float, nn.Module]]:
     """The paper's order and each budgeted method at every level (the fraction of the cost removed).
 
@@ -72,13 +75,13 @@ def budgeted_curves(
     for level, method in tqdm([(lv, m) for lv in levels for m in all_methods], desc="prune (budgeted)",
                               leave=False):
         if method == PAPER:
-            plan = paper_plan_at_cost(paper_order, costs, 1 - level)
+            plan = paper_plan_at_cost(model, paper_order, costs, 1 - level, choice)
             if plan is not None:
                 add(method, level, evaluator.evaluate(pruned_copy(model, plan)))
             continue
         try:
             result = budgeted_prune(model, gradients, costs, 1 - level, method, tune_batches,
-                                    first_token_last_layer)
+                                    first_token_last_layer, choice=choice)
         except BudgetError:
             continue
         took = sum(result.seconds.values())
@@ -114,7 +117,7 @@ def budgeted_comparison(
     model: nn.Module, order: Sequence[Head], probe: Mapping[str, torch.Tensor], evaluator: CurveEvaluator,
     fisher_batches: Batches, tune_batches: Batches, methods: Sequence[str], levels: Sequence[float],
     budget: str = "flops", latency: LatencyShape | None = None, first_token_last_layer: bool = True,
-    keep_models_at: Sequence[float] = (),
+    keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE,
 ) -> BudgetedComparison:
     """Fisher gradients on `fisher_batches`, unit costs (FLOPs on `probe`, or a latency table measured at
     `latency`), then `budgeted_curves`; the summary records the seconds each part took, Kwon's headline cost
@@ -130,7 +133,7 @@ def budgeted_comparison(
         costs = latency_costs(model, timings)
     setup_seconds = time.perf_counter() - start
     table, seconds, kept = budgeted_curves(model, evaluator, gradients, costs, order, levels, methods, tune_batches,
-                                           first_token_last_layer, keep_models_at)
+                                           first_token_last_layer, keep_models_at, choice)
     summary: dict = {"budget": budget, "seconds": {"fisher_and_costs": round(setup_seconds, 2), **seconds}}
     for level in kept:
         summary["seconds"][f"whole_prune@{level:g}"] = round(setup_seconds + seconds[f"{BUDGETED_TUNED}@{level:g}"], 2)
