@@ -9,7 +9,7 @@ import torch
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.methods import llm_bench
-from pipeline.methods.bench import random_inputs
+from pipeline.methods.bench import median_times, random_inputs
 from pipeline.methods.llm_bench import (
     DECODE,
     IDEAL_SPEEDUP_FLOPS,
@@ -100,3 +100,10 @@ def test_the_table_has_one_row_per_model_batch_size_and_phase_with_the_ideals_be
     assert (pruned[IDEAL_SPEEDUP_FLOPS] > 1.0).all()
     assert table.loc[table["phase"] == DECODE, "new_tokens"].eq(4).all()
     assert table.loc[table["phase"] == PREFILL, "new_tokens"].eq(0).all()
+
+
+def test_median_times_warms_each_up_then_takes_turns_within_every_repeat():
+    calls = []
+    seconds = median_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3  # shared-machine load falls on both alike
+    assert set(seconds) == {"a", "b"} and all(s >= 0 for s in seconds.values())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -36,24 +36,34 @@ SHAPES = {
 }
 
 
-def median_time(fn: Callable[[], object], repeats: int, runtime: Runtime = CPU_FP32) -> float:
-    """The median seconds of `repeats` calls of `fn` under the runtime's autocast, after one warm-up call.
+def median_times(fns: Mapping[Hashable, Callable[[], object]], repeats: int,
+                 runtime: Runtime = CPU_FP32) -> dict[Hashable, float]:
+    """The median seconds of `repeats` calls of each of `fns` under the runtime's autocast, after one warm-up call
+    of each. Each repeat calls every one in turn, so that load from elsewhere on a shared machine, which comes and
+    goes over seconds, falls on all of them alike rather than on whichever was being timed then.
 
     CUDA runs asynchronously: the device is synchronised before each timer starts and before it stops, so a
-    repeat is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
+    call is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
     """
     # A caller that passes no runtime (the budgeted latency table) may still time CUDA models: synchronise then too.
     sync = runtime.synchronize if runtime.is_cuda or not torch.cuda.is_initialized() else torch.cuda.synchronize
+    times: dict[Hashable, list[float]] = {key: [] for key in fns}
     with runtime.autocast():
-        fn()  # warm-up: allocator, kernel selection (cuBLAS and cuDNN heuristics on a GPU)
-        times = []
+        for fn in fns.values():
+            fn()  # warm-up: allocator, kernel selection (cuBLAS and cuDNN heuristics on a GPU)
         for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            for key, fn in fns.items():
+                sync()
+                start = time.perf_counter()
+                fn()
+                sync()
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(seconds) for key, seconds in times.items()}
+
+
+def median_time(fn: Callable[[], object], repeats: int, runtime: Runtime = CPU_FP32) -> float:
+    """The median seconds of `repeats` calls of `fn` under the runtime's autocast, after one warm-up call."""
+    return median_times({fn: fn}, repeats, runtime)[fn]
 
 
 def on_device(inputs: Mapping[str, torch.Tensor], runtime: Runtime) -> dict[str, torch.Tensor]:

@@ -3,7 +3,8 @@
     python -m pipeline.methods.llm_bench                  # a small random Llama, unpruned vs half its KV groups
     python -m pipeline.methods.llm_bench --batch-sizes 1 8 32 --new-tokens 32 --repeats 5 --csv llm_bench.csv
 
-Two phases, timed apart, each the median of `repeats` after a warm-up (`pipeline.methods.bench.median_time`):
+Two phases, timed apart, each the median of `repeats` after a warm-up, the models taking turns within
+each repeat (`pipeline.methods.bench.median_times`):
 - prefill: one forward pass over a prompt batch that builds the KV cache (and the last position's logits, as
   `generate` computes them), in prompt tokens/s;
 - decode: `new_tokens` greedy steps, each one token per sequence reading and extending that cache, in generated
@@ -17,7 +18,8 @@ what decoding reads from memory besides the weights, and what bounds the batch a
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -30,7 +32,7 @@ from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.methods.bench import (
-    median_time,
+    median_times,
     on_device,
     peak_allocated_mib,
     random_inputs,
@@ -101,32 +103,30 @@ def decode_step_flops(model: nn.Module, context: int) -> int:
     return forward_flops(model, {"input_ids": prompt["input_ids"][:, -1:], "attention_mask": mask, "cache": cache})
 
 
+@dataclass(frozen=True)
+class PhaseRuns:
+    """One model's two phases on one prompt batch, ready to time, and the bytes of the cache its prompt fills."""
+
+    prefill: Callable[[], object]
+    decode: Callable[[], object]
+    prompt_cache_bytes: int
+
+
 @torch.inference_mode()
-def measure_model(model: nn.Module, prompt: Mapping[str, torch.Tensor], new_tokens: int, repeats: int,
-                  runtime: Runtime = CPU_FP32) -> dict[str, dict]:
-    """The measured values of one model on one prompt batch, per phase: tokens/s, KV-cache bytes per token and
-    peak memory (the weights, plus the peak allocated during the phase above what was allocated before it; for
-    decode that includes the prompt's cache, which it holds throughout)."""
-    batch_size, prompt_tokens = prompt["input_ids"].shape
+def phase_runs(model: nn.Module, prompt: Mapping[str, torch.Tensor], new_tokens: int,
+               runtime: Runtime = CPU_FP32) -> PhaseRuns:
+    """The prefill of `prompt`, and `new_tokens` greedy decode steps from its cache. Each decode call first crops
+    the cache back to the prompt, so every call does the same steps and none includes a prefill."""
+    prompt_tokens = prompt["input_ids"].shape[1]
     with runtime.autocast():  # the cache holds what the timed passes compute: autocast's dtype for bf16/fp16
         out = prefill(model, prompt)
     cache, first = out.cache, out.logits[:, -1].argmax(dim=-1, keepdim=True)
-    prompt_cache = kv_cache_bytes(cache)
-    kv_per_token = prompt_cache / (batch_size * prompt_tokens)
 
     def decode() -> None:
-        cache.crop(-(cache.get_seq_length() - prompt_tokens))  # back to the prompt: every repeat does the same steps
+        cache.crop(-(cache.get_seq_length() - prompt_tokens))
         decode_greedy(model, cache, first, prompt["attention_mask"], new_tokens)
 
-    prefill_s = median_time(lambda: prefill(model, prompt), repeats, runtime)
-    decode_s = median_time(decode, repeats, runtime)
-    weights = weights_mib(model)
-    return {
-        PREFILL: {TOKENS_PER_S: batch_size * prompt_tokens / prefill_s, KV_BYTES_PER_TOKEN: kv_per_token,
-                  PEAK_MEMORY_MB: weights + peak_allocated_mib(lambda: prefill(model, prompt), runtime)},
-        DECODE: {TOKENS_PER_S: batch_size * new_tokens / decode_s, KV_BYTES_PER_TOKEN: kv_per_token,
-                 PEAK_MEMORY_MB: weights + prompt_cache / 2**20 + peak_allocated_mib(decode, runtime)},
-    }
+    return PhaseRuns(lambda: prefill(model, prompt), decode, kv_cache_bytes(cache))
 
 
 def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], prompt_tokens: int, new_tokens: int,
@@ -143,17 +143,28 @@ def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], p
     rows = []
     for batch_size in batch_sizes:
         prompt = on_device(random_inputs(models[reference], batch_size, prompt_tokens), runtime)
-        measured = {label: measure_model(model, prompt, new_tokens, repeats, runtime)
-                    for label, model in models.items()}
+        runs = {label: phase_runs(model, prompt, new_tokens, runtime) for label, model in models.items()}
+        with torch.inference_mode():
+            seconds = {PREFILL: median_times({label: r.prefill for label, r in runs.items()}, repeats, runtime),
+                       DECODE: median_times({label: r.decode for label, r in runs.items()}, repeats, runtime)}
+        tokens = {PREFILL: batch_size * prompt_tokens, DECODE: batch_size * new_tokens}
+        kv_per_token = {label: r.prompt_cache_bytes / (batch_size * prompt_tokens) for label, r in runs.items()}
         for label, model in models.items():
-            for phase, values in measured[label].items():
-                base = measured[reference][phase]
+            run = runs[label]
+            with torch.inference_mode():
+                # Above what was allocated before the phase; decode holds the prompt's cache throughout, so add it.
+                peak = {PREFILL: peak_allocated_mib(run.prefill, runtime),
+                        DECODE: run.prompt_cache_bytes / 2**20 + peak_allocated_mib(run.decode, runtime)}
+            for phase in (PREFILL, DECODE):
                 rows.append({
                     MODEL: label, BATCH_SIZE: batch_size, PHASE: phase, PROMPT_TOKENS: prompt_tokens,
-                    NEW_TOKENS: new_tokens if phase == DECODE else 0, **values,
-                    SPEEDUP: values[TOKENS_PER_S] / base[TOKENS_PER_S],
+                    NEW_TOKENS: new_tokens if phase == DECODE else 0,
+                    TOKENS_PER_S: tokens[phase] / seconds[phase][label],
+                    KV_BYTES_PER_TOKEN: kv_per_token[label],
+                    PEAK_MEMORY_MB: weights_mib(model) + peak[phase],
+                    SPEEDUP: seconds[phase][reference] / seconds[phase][label],
                     IDEAL_SPEEDUP_FLOPS: flops[reference][phase] / flops[label][phase],
-                    IDEAL_SPEEDUP_KV: base[KV_BYTES_PER_TOKEN] / values[KV_BYTES_PER_TOKEN],
+                    IDEAL_SPEEDUP_KV: kv_per_token[reference] / kv_per_token[label],
                     PARAMS: parameter_count(model), **runtime_columns(runtime),
                 })
     return pd.DataFrame(rows)
