@@ -17,6 +17,7 @@ from pipeline.methods.llm_bench import (
     KV_BYTES_PER_TOKEN,
     PREFILL,
     decode_greedy,
+    generate_greedy,
     kv_cache_bytes,
     llm_benchmark,
     prefill,
@@ -70,6 +71,7 @@ def test_the_decode_loop_extends_the_cache_by_one_token_a_step_and_decodes_as_ge
         tokens = decode_greedy(model, out.cache, first, prompt["attention_mask"], new_tokens=5)
         assert out.cache.get_seq_length() == 6 + 5
         generated = model.generate(**prompt, do_sample=False, min_new_tokens=6, max_new_tokens=6, pad_token_id=0)
+        assert torch.equal(generate_greedy(model, prompt, new_tokens=5), generated[:, 6:])
     assert torch.equal(torch.cat([first, tokens], dim=1), generated[:, 6:])
 
 
@@ -90,7 +92,8 @@ def test_the_table_has_one_row_per_model_batch_size_and_phase_with_the_ideals_be
         "peak_memory_mb", "speedup", "ideal_speedup_flops", "ideal_speedup_kv", "params", "device", "precision"]
     assert list(zip(table["model"], table["batch_size"], table["phase"], strict=True)) == [
         (model, batch, phase) for batch in (1, 3) for model in models for phase in (PREFILL, DECODE)]
-    # Every timed or measured decode (warm-up, repeats, memory) starts from the prompt's cache and adds its 4 tokens.
+    # Every decode (warm-up, timed repeats, the generation measured for memory) starts from the prompt's cache and
+    # adds its 4 tokens.
     assert decoded and set(decoded) == {6 + 4}
     assert (table["tokens_per_s"] > 0).all() and (table["peak_memory_mb"] > 0).all()
     reference, pruned = table[table["model"] == "unpruned"], table[table["model"] != "unpruned"]
@@ -100,6 +103,9 @@ def test_the_table_has_one_row_per_model_batch_size_and_phase_with_the_ideals_be
     assert (pruned[IDEAL_SPEEDUP_FLOPS] > 1.0).all()
     assert table.loc[table["phase"] == DECODE, "new_tokens"].eq(4).all()
     assert table.loc[table["phase"] == PREFILL, "new_tokens"].eq(0).all()
+    # A decode row's memory is a whole generation's, which runs its prefill first.
+    memory = table.pivot_table(index=["model", "batch_size"], columns="phase", values="peak_memory_mb")
+    assert (memory[DECODE] >= memory[PREFILL]).all()
 
 
 def test_median_times_warms_each_up_then_takes_turns_within_every_repeat():

@@ -87,6 +87,13 @@ def decode_greedy(model: nn.Module, cache: transformers.Cache, tokens: torch.Ten
     return torch.cat(picked, dim=1)
 
 
+def generate_greedy(model: nn.Module, prompt: Mapping[str, torch.Tensor], new_tokens: int) -> torch.Tensor:
+    """A whole greedy generation of `new_tokens + 1` tokens: the prefill's pick, then `decode_greedy`'s."""
+    out = prefill(model, prompt)
+    first = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+    return torch.cat([first, decode_greedy(model, out.cache, first, prompt["attention_mask"], new_tokens)], dim=1)
+
+
 def prefill_flops(model: nn.Module, prompt: Mapping[str, torch.Tensor]) -> int:
     """FLOPs of the prefill of one sequence of the prompt (the ratio between models is the same at every batch)."""
     return forward_flops(model, {k: v[:1] for k, v in prompt.items()} | {"use_cache": True, "logits_to_keep": 1})
@@ -105,10 +112,12 @@ def decode_step_flops(model: nn.Module, context: int) -> int:
 
 @dataclass(frozen=True)
 class PhaseRuns:
-    """One model's two phases on one prompt batch, ready to time, and the bytes of the cache its prompt fills."""
+    """One model's two phases on one prompt batch, ready to time; a whole generation from nothing, whose peak
+    memory is the decode phase's; and the bytes of the cache the prompt fills."""
 
     prefill: Callable[[], object]
     decode: Callable[[], object]
+    generate: Callable[[], object]
     prompt_cache_bytes: int
 
 
@@ -126,13 +135,16 @@ def phase_runs(model: nn.Module, prompt: Mapping[str, torch.Tensor], new_tokens:
         cache.crop(-(cache.get_seq_length() - prompt_tokens))
         decode_greedy(model, cache, first, prompt["attention_mask"], new_tokens)
 
-    return PhaseRuns(lambda: prefill(model, prompt), decode, kv_cache_bytes(cache))
+    return PhaseRuns(lambda: prefill(model, prompt), decode, lambda: generate_greedy(model, prompt, new_tokens),
+                     kv_cache_bytes(cache))
 
 
 def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], prompt_tokens: int, new_tokens: int,
                   repeats: int, runtime: Runtime = CPU_FP32) -> pd.DataFrame:
-    """One row per (model label, batch size, phase): measured tokens/s, KV bytes per token and peak memory, the
-    speedup over the first model, and the ideal speedups from FLOPs and from KV bytes per token. The models must
+    """One row per (model label, batch size, phase): measured tokens/s, KV bytes per token and peak memory (the
+    weights plus the peak allocated by the prefill, or by a whole generation for decode: the torch allocator's
+    own count, `peak_allocated_mib`, on the CPU as on a GPU), the speedup over the first model, and the ideal
+    speedups from FLOPs and from KV bytes per token. The models must
     be on the runtime's device; all are timed at the runtime's precision in the same run, so ratios compare like
     with like."""
     reference = next(iter(models))
@@ -152,9 +164,10 @@ def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], p
         for label, model in models.items():
             run = runs[label]
             with torch.inference_mode():
-                # Above what was allocated before the phase; decode holds the prompt's cache throughout, so add it.
+                # Allocated from nothing but the weights and inputs: the prefill alone, and a whole generation
+                # (its prefill, then the decode that grows and copies the cache), so no cache predates the count.
                 peak = {PREFILL: peak_allocated_mib(run.prefill, runtime),
-                        DECODE: run.prompt_cache_bytes / 2**20 + peak_allocated_mib(run.decode, runtime)}
+                        DECODE: peak_allocated_mib(run.generate, runtime)}
             for phase in (PREFILL, DECODE):
                 rows.append({
                     MODEL: label, BATCH_SIZE: batch_size, PHASE: phase, PROMPT_TOKENS: prompt_tokens,
