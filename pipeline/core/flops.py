@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def module_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, int]:
+def module_flops(model: nn.Module, inputs: Mapping[str, object]) -> dict[str, int]:
     """FLOPs of one forward pass of `model` on `inputs`, per module: each module's name (as in
     `named_modules`, "" for the whole model) maps to the FLOPs run inside it, its submodules included."""
     device = next(model.parameters()).device
@@ -23,7 +23,8 @@ def module_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[s
     model.set_attn_implementation("eager")
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(**{k: v.to(device) for k, v in inputs.items()})
+            # Tensors go to the model's device; other arguments (a KV cache, logits_to_keep) as they are.
+            model(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
     finally:
         model.set_attn_implementation(previous)
     root = type(model).__name__
@@ -34,7 +35,7 @@ def module_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[s
     return flops
 
 
-def forward_flops(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> int:
+def forward_flops(model: nn.Module, inputs: Mapping[str, object]) -> int:
     """FLOPs of one forward pass of `model` on `inputs`."""
     return module_flops(model, inputs)[""]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -36,24 +36,34 @@ SHAPES = {
 }
 
 
-def median_time(fn: Callable[[], object], repeats: int, runtime: Runtime = CPU_FP32) -> float:
-    """The median seconds of `repeats` calls of `fn` under the runtime's autocast, after one warm-up call.
+def median_times(fns: Mapping[Hashable, Callable[[], object]], repeats: int,
+                 runtime: Runtime = CPU_FP32) -> dict[Hashable, float]:
+    """The median seconds of `repeats` calls of each of `fns` under the runtime's autocast, after one warm-up call
+    of each. Each repeat calls every one in turn, so that load from elsewhere on a shared machine, which comes and
+    goes over seconds, falls on all of them alike rather than on whichever was being timed then.
 
     CUDA runs asynchronously: the device is synchronised before each timer starts and before it stops, so a
-    repeat is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
+    call is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
     """
     # A caller that passes no runtime (the budgeted latency table) may still time CUDA models: synchronise then too.
     sync = runtime.synchronize if runtime.is_cuda or not torch.cuda.is_initialized() else torch.cuda.synchronize
+    times: dict[Hashable, list[float]] = {key: [] for key in fns}
     with runtime.autocast():
-        fn()  # warm-up: allocator, kernel selection (cuBLAS and cuDNN heuristics on a GPU)
-        times = []
+        for fn in fns.values():
+            fn()  # warm-up: allocator, kernel selection (cuBLAS and cuDNN heuristics on a GPU)
         for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            for key, fn in fns.items():
+                sync()
+                start = time.perf_counter()
+                fn()
+                sync()
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(seconds) for key, seconds in times.items()}
+
+
+def median_time(fn: Callable[[], object], repeats: int, runtime: Runtime = CPU_FP32) -> float:
+    """The median seconds of `repeats` calls of `fn` under the runtime's autocast, after one warm-up call."""
+    return median_times({fn: fn}, repeats, runtime)[fn]
 
 
 def on_device(inputs: Mapping[str, torch.Tensor], runtime: Runtime) -> dict[str, torch.Tensor]:
@@ -65,32 +75,43 @@ def runtime_columns(runtime: Runtime) -> dict[str, str]:
     return {"device": runtime.device_name, "precision": runtime.precision}
 
 
-@torch.inference_mode()
-def forward_memory_mb(model: nn.Module, inputs: Mapping[str, torch.Tensor],
-                      runtime: Runtime = CPU_FP32) -> dict[str, float]:
-    """Weights (parameters and buffers) and the peak of live activation memory during one forward pass
-    under the runtime's autocast, in MiB.
+def peak_allocated_mib(fn: Callable[[], object], runtime: Runtime = CPU_FP32) -> float:
+    """The peak of memory allocated during one call of `fn` under the runtime's autocast, above what was allocated
+    before it, in MiB.
 
-    On a GPU the peak is `torch.cuda.max_memory_allocated` during the pass, less what was allocated before it
-    (weights, inputs). On the CPU the profiler records every allocation and free of torch's CPU allocator in
-    order; summing them gives the live bytes over time. Unlike the process's resident set (~500 MiB of
-    framework, and allocator noise between runs), this is exact and the same on every run.
+    On a GPU it is `torch.cuda.max_memory_allocated` during the call, less what was allocated before it. On the CPU
+    the profiler records every allocation and free of torch's CPU allocator in order; summing them gives the live
+    bytes over time. Unlike the process's resident set (~500 MiB of framework, and allocator noise between runs),
+    this is exact and the same on every run.
     """
-    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    inputs = on_device(inputs, runtime)
     if runtime.is_cuda:
         with runtime.autocast(), runtime.peak_memory() as memory:
-            model(**inputs)
-        return {"weights_mb": round(weights / 2**20, 2), "activations_mb": round(memory["peak_mib"], 2)}
+            fn()
+        return memory["peak_mib"]
     cpu = [torch.profiler.ProfilerActivity.CPU]
     with runtime.autocast(), torch.profiler.profile(activities=cpu, profile_memory=True) as prof:
-        model(**inputs)
+        fn()
     live = peak = 0
     allocations = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     for event in sorted(allocations, key=lambda e: e.start_ns()):
         live += event.nbytes()
         peak = max(peak, live)
-    return {"weights_mb": round(weights / 2**20, 2), "activations_mb": round(peak / 2**20, 2)}
+    return peak / 2**20
+
+
+def weights_mib(model: nn.Module) -> float:
+    """Parameters and buffers, in MiB."""
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 2**20
+
+
+@torch.inference_mode()
+def forward_memory_mb(model: nn.Module, inputs: Mapping[str, torch.Tensor],
+                      runtime: Runtime = CPU_FP32) -> dict[str, float]:
+    """Weights (parameters and buffers) and the peak of live activation memory during one forward pass
+    under the runtime's autocast (`peak_allocated_mib`), in MiB."""
+    inputs = on_device(inputs, runtime)
+    activations = peak_allocated_mib(lambda: model(**inputs), runtime)
+    return {"weights_mb": round(weights_mib(model), 2), "activations_mb": round(activations, 2)}
 
 
 def evenly_spread_plan(model: nn.Module, fraction: float) -> dict[int, list[int]]:

@@ -1,0 +1,229 @@
+"""Speed and memory of decoder-only language models, unpruned vs physically pruned, beside the ideal speedups.
+
+    python -m pipeline.methods.llm_bench                  # a small random Llama, unpruned vs half its KV groups
+    python -m pipeline.methods.llm_bench --batch-sizes 1 8 32 --new-tokens 32 --repeats 5 --csv llm_bench.csv
+
+Two phases, timed apart, each the median of `repeats` after a warm-up, the models taking turns within
+each repeat (`pipeline.methods.bench.median_times`):
+- prefill: one forward pass over a prompt batch that builds the KV cache (and the last position's logits, as
+  `generate` computes them), in prompt tokens/s;
+- decode: `new_tokens` greedy steps, each one token per sequence reading and extending that cache, in generated
+  tokens/s. The prefill is not in the timer: every repeat crops the cache back to the prompt and decodes again.
+
+Beside each measured speedup over the reference model (the first) are two ideals: the ratio of FLOPs (of the
+prefill, or of one decode step at the mean context length) and the ratio of KV-cache bytes per token, which is
+what decoding reads from memory besides the weights, and what bounds the batch a memory holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import transformers
+from torch import nn
+
+from pipeline.core.flops import forward_flops, parameter_count
+from pipeline.core.importance import random_order, select_heads
+from pipeline.core.runtime import CPU_FP32, Runtime
+from pipeline.core.sites import attention_sites
+from pipeline.core.surgery import prune_heads
+from pipeline.methods.bench import (
+    median_times,
+    on_device,
+    peak_allocated_mib,
+    random_inputs,
+    runtime_columns,
+    weights_mib,
+)
+
+PREFILL, DECODE = "prefill", "decode"
+# The table's columns (and the device/precision of `runtime_columns`).
+MODEL, BATCH_SIZE, PHASE = "model", "batch_size", "phase"
+PROMPT_TOKENS, NEW_TOKENS = "prompt_tokens", "new_tokens"
+TOKENS_PER_S, SPEEDUP = "tokens_per_s", "speedup"
+IDEAL_SPEEDUP_FLOPS, IDEAL_SPEEDUP_KV = "ideal_speedup_flops", "ideal_speedup_kv"
+KV_BYTES_PER_TOKEN, PEAK_MEMORY_MB, PARAMS = "kv_bytes_per_token", "peak_memory_mb", "params"
+
+# A small Llama for the command line: grouped-query attention (8 query heads on 2 key/value heads), random weights.
+SMALL_LLAMA = dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+                   intermediate_size=688, vocab_size=2000, max_position_embeddings=512)
+
+
+def kv_cache_bytes(cache: transformers.Cache) -> int:
+    """Bytes of every key and value tensor a cache holds, as measured from the tensors themselves.
+
+    A layer whose heads were all pruned still appends a width-1 placeholder per token
+    (`pipeline.core.surgery._update_cache_with_no_heads`, which keeps the cache's length right); it is counted,
+    since it is really there.
+    """
+    total = 0
+    for layer in cache.layers:
+        if layer.is_initialized:
+            total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+    return total
+
+
+def prefill(model: nn.Module, prompt: Mapping[str, torch.Tensor]) -> transformers.utils.ModelOutput:
+    """One forward pass over the prompt that returns its KV cache (`.cache`) and the last position's logits."""
+    return model(**prompt, use_cache=True, logits_to_keep=1)
+
+
+def decode_greedy(model: nn.Module, cache: transformers.Cache, tokens: torch.Tensor, attention_mask: torch.Tensor,
+                  new_tokens: int) -> torch.Tensor:
+    """`new_tokens` greedy steps from `tokens` (`[batch, 1]`, the token after the cached ones) with the KV cache:
+    each step feeds one token per sequence, appends its keys and values to `cache`, and picks the next token.
+    Returns the `[batch, new_tokens]` tokens picked. Prompts are unpadded (`attention_mask` all ones), as in the
+    benchmark, so positions follow the cache's length as `generate`'s do."""
+    picked = []
+    for _ in range(new_tokens):
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(attention_mask.shape[0], 1)], dim=1)
+        logits = model(input_ids=tokens, attention_mask=attention_mask, cache=cache, use_cache=True).logits
+        tokens = logits[:, -1].argmax(dim=-1, keepdim=True)
+        picked.append(tokens)
+    return torch.cat(picked, dim=1)
+
+
+def generate_greedy(model: nn.Module, prompt: Mapping[str, torch.Tensor], new_tokens: int) -> torch.Tensor:
+    """A whole greedy generation of `new_tokens + 1` tokens: the prefill's pick, then `decode_greedy`'s."""
+    out = prefill(model, prompt)
+    first = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+    return torch.cat([first, decode_greedy(model, out.cache, first, prompt["attention_mask"], new_tokens)], dim=1)
+
+
+def prefill_flops(model: nn.Module, prompt: Mapping[str, torch.Tensor]) -> int:
+    """FLOPs of the prefill of one sequence of the prompt (the ratio between models is the same at every batch)."""
+    return forward_flops(model, {k: v[:1] for k, v in prompt.items()} | {"use_cache": True, "logits_to_keep": 1})
+
+
+def decode_step_flops(model: nn.Module, context: int) -> int:
+    """FLOPs of one decode step of one sequence with `context` tokens in the cache. Attention's FLOPs grow
+    linearly with the context, so the step at the mean context of a run costs the mean of its steps."""
+    device = next(model.parameters()).device
+    prompt = {k: v.to(device) for k, v in random_inputs(model, 1, context).items()}
+    with torch.inference_mode():
+        cache = prefill(model, prompt).cache
+    mask = torch.ones(1, context + 1, dtype=torch.long, device=device)
+    return forward_flops(model, {"input_ids": prompt["input_ids"][:, -1:], "attention_mask": mask, "cache": cache})
+
+
+@dataclass(frozen=True)
+class PhaseRuns:
+    """One model's two phases on one prompt batch, ready to time; a whole generation from nothing, whose peak
+    memory is the decode phase's; and the bytes of the cache the prompt fills."""
+
+    prefill: Callable[[], object]
+    decode: Callable[[], object]
+    generate: Callable[[], object]
+    prompt_cache_bytes: int
+
+
+@torch.inference_mode()
+def phase_runs(model: nn.Module, prompt: Mapping[str, torch.Tensor], new_tokens: int,
+               runtime: Runtime = CPU_FP32) -> PhaseRuns:
+    """The prefill of `prompt`, and `new_tokens` greedy decode steps from its cache. Each decode call first crops
+    the cache back to the prompt, so every call does the same steps and none includes a prefill."""
+    prompt_tokens = prompt["input_ids"].shape[1]
+    with runtime.autocast():  # the cache holds what the timed passes compute: autocast's dtype for bf16/fp16
+        out = prefill(model, prompt)
+    cache, first = out.cache, out.logits[:, -1].argmax(dim=-1, keepdim=True)
+
+    def decode() -> None:
+        cache.crop(-(cache.get_seq_length() - prompt_tokens))
+        decode_greedy(model, cache, first, prompt["attention_mask"], new_tokens)
+
+    return PhaseRuns(lambda: prefill(model, prompt), decode, lambda: generate_greedy(model, prompt, new_tokens),
+                     kv_cache_bytes(cache))
+
+
+def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], prompt_tokens: int, new_tokens: int,
+                  repeats: int, runtime: Runtime = CPU_FP32) -> pd.DataFrame:
+    """One row per (model label, batch size, phase): measured tokens/s, KV bytes per token and peak memory (the
+    weights plus the peak allocated by the prefill, or by a whole generation for decode: the torch allocator's
+    own count, `peak_allocated_mib`, on the CPU as on a GPU), the speedup over the first model, and the ideal
+    speedups from FLOPs and from KV bytes per token. The models must
+    be on the runtime's device; all are timed at the runtime's precision in the same run, so ratios compare like
+    with like."""
+    reference = next(iter(models))
+    probe = on_device(random_inputs(models[reference], 1, prompt_tokens), runtime)
+    flops = {label: {PREFILL: prefill_flops(model, probe),
+                     DECODE: decode_step_flops(model, prompt_tokens + new_tokens // 2)}
+             for label, model in models.items()}
+    rows = []
+    for batch_size in batch_sizes:
+        prompt = on_device(random_inputs(models[reference], batch_size, prompt_tokens), runtime)
+        runs = {label: phase_runs(model, prompt, new_tokens, runtime) for label, model in models.items()}
+        with torch.inference_mode():
+            seconds = {PREFILL: median_times({label: r.prefill for label, r in runs.items()}, repeats, runtime),
+                       DECODE: median_times({label: r.decode for label, r in runs.items()}, repeats, runtime)}
+        tokens = {PREFILL: batch_size * prompt_tokens, DECODE: batch_size * new_tokens}
+        kv_per_token = {label: r.prompt_cache_bytes / (batch_size * prompt_tokens) for label, r in runs.items()}
+        for label, model in models.items():
+            run = runs[label]
+            with torch.inference_mode():
+                # Allocated from nothing but the weights and inputs: the prefill alone, and a whole generation
+                # (its prefill, then the decode that grows and copies the cache), so no cache predates the count.
+                peak = {PREFILL: peak_allocated_mib(run.prefill, runtime),
+                        DECODE: peak_allocated_mib(run.generate, runtime)}
+            for phase in (PREFILL, DECODE):
+                rows.append({
+                    MODEL: label, BATCH_SIZE: batch_size, PHASE: phase, PROMPT_TOKENS: prompt_tokens,
+                    NEW_TOKENS: new_tokens if phase == DECODE else 0,
+                    TOKENS_PER_S: tokens[phase] / seconds[phase][label],
+                    KV_BYTES_PER_TOKEN: kv_per_token[label],
+                    PEAK_MEMORY_MB: weights_mib(model) + peak[phase],
+                    SPEEDUP: seconds[phase][reference] / seconds[phase][label],
+                    IDEAL_SPEEDUP_FLOPS: flops[reference][phase] / flops[label][phase],
+                    IDEAL_SPEEDUP_KV: kv_per_token[reference] / kv_per_token[label],
+                    PARAMS: parameter_count(model), **runtime_columns(runtime),
+                })
+    return pd.DataFrame(rows)
+
+
+def random_llama(seed: int = 0, **overrides) -> nn.Module:
+    config = transformers.LlamaConfig(**(SMALL_LLAMA | overrides))
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+
+
+def without_kv_groups(model: nn.Module, fraction: float, seed: int = 0) -> nn.Module:
+    """`model` with `fraction` of every layer's key/value groups removed, each with its query heads (whole groups,
+    the same number per layer). Random weights make all groups alike, so a seeded random order chooses them."""
+    sites = attention_sites(model)
+    groups, num_heads = [site.head_groups for site in sites], [site.num_heads for site in sites]
+    order = random_order(num_heads, seed, groups, unit="group")
+    count = round(fraction * sum(num_heads))
+    return prune_heads(model, select_heads(order, num_heads, count, groups=groups, uniform=True))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fraction", type=float, default=0.5, help="of the key/value groups removed")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--csv", default=None, help="also write the table here")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pruned_label = f"{args.fraction:.0%} of KV groups removed"
+    models = {"unpruned": random_llama(), pruned_label: without_kv_groups(random_llama(), args.fraction)}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {args.prompt_tokens} tokens, "
+          f"{args.new_tokens} new, median of {args.repeats}", flush=True)
+    table = llm_benchmark(models, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats)
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    table["of_ideal_flops"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_FLOPS]
+    table["of_ideal_kv"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_KV]
+    shown = [MODEL, PHASE, BATCH_SIZE, TOKENS_PER_S, SPEEDUP, IDEAL_SPEEDUP_FLOPS, "of_ideal_flops",
+             IDEAL_SPEEDUP_KV, "of_ideal_kv", KV_BYTES_PER_TOKEN, PEAK_MEMORY_MB]
+    print(table.sort_values([PHASE, BATCH_SIZE], kind="stable")[shown].round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
