@@ -26,6 +26,7 @@ from pipeline.methods.comparison import LatencyShape, budgeted_comparison, empty
 from pipeline.methods.pruning import (
     CurveEvaluator,
     checkpoint_curves,
+    criterion_curves,
     heads_for,
     importance_by_site,
     kind_curves,
@@ -73,6 +74,8 @@ def prune(exp: Experiment) -> None:
         exp.save(pruned_copy(model, plan), exp.pruned_dir(fraction))
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
                           exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
+    if pp.criteria:
+        curves += criterion_curves(evaluator, pp.criteria, exp.score_batches(), counts, choice, p.score.normalize_p)
     summary: dict = {}
     if exp.is_translation and pp.by_kind:
         curves += kind_curves(evaluator, order, levels, choice)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.core.importance import rank_heads
+from pipeline.core.importance import HeadChoice, head_importance, per_example_loss, rank_heads
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.methods.criteria import activation_norm, weight_magnitude
+from pipeline.methods.pruning import CurveEvaluator, criterion_curves, plans_from_order
 from tests.tiny_models import PAD, logits, randomize_biases, tiny_batch, tiny_model
 
 FAMILIES = ["llama", "opt", "gpt2"]  # grouped-query, multi-head, GPT-2's fused Conv1D
@@ -143,3 +144,33 @@ def test_a_pruned_model_scores_its_remaining_heads_as_the_unpruned_one_scored_th
     assert torch.allclose(activation[0][kept[0]], activation_norm(model, calibration(family), progress=False)[0],
                           rtol=1e-5, atol=1e-6)
     assert activation_norm(model, calibration(family), progress=False)[2].shape == (0,)
+
+
+class _NegativeLoss:
+    """A TaskEval of a language model on one batch: minus its mean next-token loss (higher is better)."""
+
+    def __init__(self, batch: dict):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return len(self.batch["input_ids"])
+
+    def __call__(self, model) -> tuple[float, None]:
+        with torch.no_grad():
+            return -float(per_example_loss(model, self.batch).mean()), None
+
+
+@pytest.mark.parametrize("unit", ["query", "group"])
+def test_each_criterion_curve_removes_as_many_heads_as_importance_at_every_level(unit):
+    model, batch = lm("llama"), tiny_batch("llama", batch_size=4)
+    evaluator = CurveEvaluator(model, {"dev": _NegativeLoss(batch)},
+                               {k: v for k, v in batch.items() if k != "labels"})
+    sites, choice, counts = attention_sites(model), HeadChoice(unit), [0, 4, 8, 12]
+    importance = plans_from_order(choice.rank(head_importance(model, [batch], progress=False), sites), sites,
+                                  counts, choice)
+    reference = evaluator.curve("importance", importance, progress=False)
+    curves = criterion_curves(evaluator, ["magnitude", "activation"], [batch], counts, choice)
+    assert [c.method.iloc[0] for c in curves] == ["magnitude", "activation"]
+    for curve in curves:
+        assert curve.heads_pruned.tolist() == reference.heads_pruned.tolist()
+    assert len({tuple(c.metric) for c in curves}) == 2  # the criteria choose differently

@@ -23,6 +23,7 @@ from pipeline.files.schema import (
     DEVICE_PATTERN,
     DEVICES,
     EVAL_SPLITS,
+    HEAD_CRITERIA,
     HEAD_UNITS,
     PRECISIONS,
     SCRATCH,
@@ -157,6 +158,9 @@ class PruneParams(Section):
     unit: Literal[HEAD_UNITS] = "query"
     # true: every layer loses the same number of heads, so a pruned model keeps one shape (a stock config).
     uniform: bool = False
+    # Other tools' head criteria, each a curve beside importance, ranked and chosen the same way: magnitude
+    # (Torch-Pruning's), activation (Minitron's, on the score stage's data).
+    criteria: list[Literal[HEAD_CRITERIA]] = Field(default_factory=list)
     # Seeded subsets of dev and test for the curves (null: all); each level is one evaluation per split.
     max_examples: int | None = Field(300, ge=10)
     # Physically pruned models are saved at these fractions, for the recover and benchmark stages.

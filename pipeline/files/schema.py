@@ -36,6 +36,10 @@ ALPHA = 0.05  # significance level of the single-head ablation
 IMPORTANCE = "importance"  # one-shot importance order (Figure 3)
 REESTIMATED = "reestimated"  # importance re-estimated after each step (Figure 4)
 RANDOM = "random"  # mean of random orders over seeds
+# Other tools' head criteria, ranked and chosen as the importance order is (`prune.criteria`):
+MAGNITUDE = "magnitude"  # Torch-Pruning's weight magnitude
+ACTIVATION = "activation"  # Minitron's mean head-activation norm
+HEAD_CRITERIA = (MAGNITUDE, ACTIVATION)
 PAPER = "paper"  # budgeted comparison: the paper's order, heads removed until the model fits the budget
 BUDGETED_HEADS, BUDGETED, BUDGETED_TUNED = "budgeted-heads", "budgeted", "budgeted-tuned"
 BUDGETED_METHODS = (BUDGETED_HEADS, BUDGETED, BUDGETED_TUNED)

@@ -19,7 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.sites import attention_sites
-from pipeline.files.schema import CROSS
+from pipeline.files.schema import ACTIVATION, CROSS, HEAD_CRITERIA, MAGNITUDE
 
 MODEL_INPUTS = ("input_ids", "attention_mask")
 
@@ -113,3 +113,12 @@ def activation_norm(
     if not tokens_seen:
         raise ValueError("activation_norm got no tokens: the calibration data is empty")
     return [(total / tokens_seen).float() for total in totals]
+
+
+def head_scores(criterion: str, model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The scores of one of `HEAD_CRITERIA` (`batches`: the calibration data, which magnitude ignores)."""
+    if criterion == MAGNITUDE:
+        return weight_magnitude(model)
+    if criterion == ACTIVATION:
+        return activation_norm(model, batches, progress=False)
+    raise ValueError(f"unknown head criterion {criterion!r}; choose one of {', '.join(HEAD_CRITERIA)}")

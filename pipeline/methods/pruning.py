@@ -27,6 +27,7 @@ from pipeline.core.sites import AttentionSite, attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.files.artifacts import DamagedArtifact, read_table
 from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, TOLERANCE, checkpoint_method, kind_method
+from pipeline.methods.criteria import head_scores
 from pipeline.tasks.evaluation import TaskEval
 
 Plan = dict[int, list[int]]
@@ -143,6 +144,21 @@ def paper_curves(
     randoms = [evaluator.curve(RANDOM, plans_from_order(choice.random(sites, seed), sites, counts, choice))
                for seed in random_seeds]
     curves.append(mean_over_seeds(randoms, RANDOM))
+    return curves
+
+
+def criterion_curves(
+    evaluator: CurveEvaluator, criteria: Sequence[str], batches: Sequence[Mapping[str, torch.Tensor]],
+    counts: Sequence[int], choice: HeadChoice = PAPER_CHOICE, normalize_p: float | None = 2.0,
+) -> list[pd.DataFrame]:
+    """Other tools' head criteria (`HEAD_CRITERIA`: Torch-Pruning's magnitude, Minitron's activation norm on
+    `batches`), one curve each, normalised per layer, ranked and chosen exactly as the importance order is, so
+    that only the scores differ."""
+    sites = attention_sites(evaluator.model)
+    curves = []
+    for criterion in criteria:
+        scores = normalize_per_layer(head_scores(criterion, evaluator.model, batches), normalize_p)
+        curves.append(evaluator.curve(criterion, plans_from_order(choice.rank(scores, sites), sites, counts, choice)))
     return curves
 
 
