@@ -5,6 +5,11 @@ unpruned model, in a table of their own.
 
 Translation: decoding speed (sentences/s and tokens/s) of the unpruned and pruned models.
 
+Language modelling (llm_benchmark.csv): prefill and cached-decode tokens/s at each batch size, KV-cache bytes per
+token measured from the cache, and peak memory, beside the ideals from FLOPs and from KV bytes
+(pipeline/methods/llm_bench.py), for the pruned models of prune.save_fractions and of the serving shape
+(prune.kv_group_fractions: whole key/value groups removed, every layer alike), which is what shrinks the cache.
+
 Models run on the runtime's device (`runtime.device`). Every model is timed at each precision of
 `benchmark.precisions` (and at `runtime.precision`, if not among them), under autocast; each row names its device
 and precision, and a speedup compares models at the same precision, batch size and attention implementation.
@@ -24,6 +29,7 @@ from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import TABLE_COLUMNS
 from pipeline.methods.bench import forward_memory_mb, measure_generation, measure_throughput
+from pipeline.methods.llm_bench import DECODE, llm_benchmark
 from pipeline.run.experiment import Experiment, log
 
 
@@ -80,6 +86,32 @@ def translation(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
+def language_model(exp: Experiment, runtime: Runtime) -> pd.DataFrame:
+    b, pp = exp.params.benchmark, exp.params.prune
+    models = {"unpruned": exp.load(exp.finetuned_dir),
+              **{f"{f:.0%} of heads ({pp.unit})": exp.load(exp.pruned_dir(f)) for f in pp.save_fractions},
+              **{f"{f:.0%} of KV groups": exp.load(exp.kv_groups_dir(f)) for f in pp.kv_group_fractions}}
+    return llm_benchmark(models, b.batch_sizes, b.prompt_tokens, b.new_tokens, b.repeats, runtime)
+
+
+def language_model_stage(exp: Experiment) -> None:
+    table = pd.concat([language_model(exp, runtime) for runtime in runtimes(exp)], ignore_index=True)
+    write_csv(exp.reports / "llm_benchmark.csv", table)
+    largest = max(exp.params.benchmark.batch_sizes)
+    summary: dict = {}
+    for r in table[table.batch_size == largest].itertuples():
+        if r.model != "unpruned":
+            summary.setdefault(f"{r.phase}@batch{largest}-{r.precision}", {})[r.model] = {
+                "speedup": round(float(r.speedup), 4), "ideal_speedup_flops": round(float(r.ideal_speedup_flops), 4),
+                "ideal_speedup_kv": round(float(r.ideal_speedup_kv), 4),
+                "kv_bytes_per_token": round(float(r.kv_bytes_per_token), 1)}
+        if r.phase == DECODE:
+            log.info("benchmark: %s, decode at batch %d, %s %s: %.0f tokens/s, speedup %.3f (ideal %.3f from FLOPs, "
+                     "%.3f from KV bytes), %.0f KV bytes/token", r.model, largest, r.device, r.precision,
+                     r.tokens_per_s, r.speedup, r.ideal_speedup_flops, r.ideal_speedup_kv, r.kv_bytes_per_token)
+    write_json(exp.reports / "benchmark.json", summary)
+
+
 def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: int) -> dict:
     """Table 4's numbers at the largest batch, for `dvc metrics`: each model's speedup and its ideal (FLOPs)."""
     summary: dict = {}
@@ -95,6 +127,8 @@ def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: i
 
 def main() -> None:
     exp = Experiment.from_cli()
+    if exp.is_language_modeling:
+        return language_model_stage(exp)
     b = exp.params.benchmark
     each = runtimes(exp)
     dirs = {0.0: exp.finetuned_dir, **{f: exp.pruned_dir(f) for f in exp.params.prune.save_fractions}}

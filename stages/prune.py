@@ -18,6 +18,7 @@ import functools
 
 import pandas as pd
 
+from pipeline.core.checkpoint import stock_config
 from pipeline.core.importance import HeadChoice
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
@@ -72,11 +73,19 @@ def prune(exp: Experiment) -> None:
     for fraction in pp.save_fractions:  # for the recover and benchmark stages
         plan = choice.select(order, sites, heads_for(fraction, total))
         exp.save(pruned_copy(model, plan), exp.pruned_dir(fraction))
+    summary: dict = {}
+    serving = HeadChoice("group", uniform=True)
+    for fraction in pp.kv_group_fractions:  # the serving shape, for the benchmark stage
+        pruned = pruned_copy(model, serving.select(serving.rank(importance, sites), sites, heads_for(fraction, total)))
+        exp.save(pruned, exp.kv_groups_dir(fraction))
+        stock, why_not = stock_config(pruned)
+        summary.setdefault("kv_groups", {})[f"{fraction:g}"] = {
+            "kv_heads": [site.num_kv_heads for site in attention_sites(pruned)], "stock": stock is not None,
+            **({} if stock is not None else {"not_stock_because": why_not})}
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
                           exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
     if pp.criteria:
         curves += criterion_curves(evaluator, pp.criteria, exp.score_batches(), counts, choice, p.score.normalize_p)
-    summary: dict = {}
     if exp.is_translation and pp.by_kind:
         curves += kind_curves(evaluator, order, levels, choice)
     if exp.is_translation and pp.checkpoints:

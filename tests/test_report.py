@@ -283,3 +283,23 @@ def test_shipped_template_is_offline() -> None:
     assert not EXTERNAL.search(html)
     for package in plots_template.PACKAGES:
         assert f"{package.name}@{package.version}" in html
+
+
+def test_an_llm_report_sets_kv_cache_savings_and_the_anchor_tools_beside_this_run(tmp_path: Path) -> None:
+    _write_curve(tmp_path, {IMPORTANCE: IMPORTANCE_TEST, "magnitude": RANDOM_TEST, "activation": RANDOM_TEST})
+    (tmp_path / "prune.json").write_text(json.dumps({"kv_groups": {"0.5": {"kv_heads": [1] * 6, "stock": True}}}))
+    rows = []
+    for model, kv, ideal_kv, ideal_flops in (("unpruned", 3072, 1.0, 1.0), ("50% of KV groups", 1536, 2.0, 1.16)):
+        for phase in ("prefill", "decode"):
+            for batch in (1, 32):
+                rows.append(dict(model=model, batch_size=batch, phase=phase, tokens_per_s=1000.0 * ideal_flops,
+                                 speedup=ideal_flops, ideal_speedup_flops=ideal_flops, ideal_speedup_kv=ideal_kv,
+                                 kv_bytes_per_token=kv, peak_memory_mb=20.0, params=1_000_000, device="cpu",
+                                 precision="fp32"))
+    pd.DataFrame(rows).to_csv(tmp_path / "llm_benchmark.csv", index=False)
+    build_report(tmp_path, "LLM")
+    md = (tmp_path / "report.md").read_text()
+    assert "# Beyond the paper: serving a pruned LLM (KV cache and decoding speed)" in md
+    assert "576,501" in md and "its criterion gives test metric 76.0 and the paper's importance 84.0" in md
+    assert "a stock Hugging Face folder" in md and "1536 bytes per token, 2.00x fewer than unpruned" in md
+    assert "| 50% of KV groups | 1536 | 50% |" in md

@@ -158,6 +158,10 @@ class PruneParams(Section):
     unit: Literal[HEAD_UNITS] = "query"
     # true: every layer loses the same number of heads, so a pruned model keeps one shape (a stock config).
     uniform: bool = False
+    # The serving shape, saved beside save_fractions for the benchmark: these fractions of every layer's key/value
+    # groups removed whole by importance, every layer alike, so that the folder is a stock Hugging Face model and
+    # the KV cache shrinks in proportion.
+    kv_group_fractions: list[Annotated[float, Field(gt=0, lt=1)]] = Field(default_factory=list)
     # Other tools' head criteria, each a curve beside importance, ranked and chosen the same way: magnitude
     # (Torch-Pruning's), activation (Minitron's, on the score stage's data).
     criteria: list[Literal[HEAD_CRITERIA]] = Field(default_factory=list)

@@ -68,6 +68,11 @@ def pruned_name(fraction: float) -> str:
     return f"{round(100 * fraction):02d}"
 
 
+def kv_groups_name(fraction: float) -> str:
+    """The folder of the serving-shape model, `fraction` of every layer's KV groups removed: 0.5 -> "kv-groups-50"."""
+    return f"kv-groups-{round(100 * fraction):02d}"
+
+
 def budgeted_name(level: float) -> str:
     """The folder of the budgeted-tuned model with `level` of its cost removed: 0.4 -> "budgeted-40"."""
     return f"{BUDGETED_TUNED.removesuffix('-tuned')}-{round(100 * level):02d}"
@@ -98,4 +103,7 @@ TABLE_COLUMNS = {
                       "ideal_speedup", "device", "precision"],
     "benchmark_budgeted.csv": ["attn_implementation", "batch_size", "budget_removed", "examples_per_s", "speedup",
                                "ideal_speedup", "params", "device", "precision"],
+    # phase: prefill or decode (pipeline/methods/llm_bench.py); ideals from FLOPs and from KV-cache bytes per token.
+    "llm_benchmark.csv": ["model", "batch_size", "phase", "tokens_per_s", "speedup", "ideal_speedup_flops",
+                          "ideal_speedup_kv", "kv_bytes_per_token", "peak_memory_mb", "params", "device", "precision"],
 }

@@ -112,6 +112,7 @@ class Inputs:
     prune: dict | None = None
     budgeted: pd.DataFrame | None = None
     benchmark_budgeted: pd.DataFrame | None = None
+    llm_benchmark: pd.DataFrame | None = None
 
     @classmethod
     def load(cls, report_dir: Path) -> Inputs:
@@ -133,6 +134,7 @@ class Inputs:
             benchmark=_read_csv(report_dir, "benchmark.csv"),
             budgeted=_read_csv(report_dir, "budgeted_curve.csv"),
             benchmark_budgeted=_read_csv(report_dir, "benchmark_budgeted.csv"),
+            llm_benchmark=_read_csv(report_dir, "llm_benchmark.csv"),
         )
 
     @property

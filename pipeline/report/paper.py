@@ -399,3 +399,51 @@ def side_by_side(inp: Inputs, split: str) -> pd.DataFrame:
             f"{pct(ours_level)} of {cost} ({split})" if ours_level is not None else "none of the levels",
             speed or "not measured", f"{whole:.0f} s on this machine's CPU" if whole is not None else "not measured"],
     })
+
+
+# The tools a decoder-only LLM is pruned with today, and what they publish (issue 16's survey of them).
+ANCHORS = {
+    "torch_pruning": "Torch-Pruning's LLM example prunes the same number of query heads in every KV group by weight "
+                     "magnitude, never a KV head, and its readme reports Llama-3.1-8B at 50% pruned reaching "
+                     "WikiText-2 perplexity 576,501 before any recovery",
+    "llm_pruner": "LLM-Pruner removes whole KV groups by Taylor importance from 10 samples and saves with "
+                  "torch.save, which from_pretrained cannot load",
+    "minitron": "Minitron keeps every layer the same width by activation importance",
+}
+
+
+def _curve_at(curve: pd.DataFrame, method: str, split: str, fraction: float) -> float | None:
+    rows = curve[(curve.method == method) & (curve.split == split)]
+    rows = rows[np.isclose(rows.fraction_pruned.astype(float), fraction, atol=0.051)]
+    return None if rows.empty else float(rows.sort_values("fraction_pruned").metric.iloc[-1])
+
+
+def llm_anchor_sentences(inp: Inputs, split: str = TEST, fraction: float = 0.5) -> list[str]:
+    """One sentence per anchor tool, setting this run's measured numbers beside what the tool publishes."""
+    sentences = []
+    curve, name = inp.curve, inp.metric_name
+    if curve is not None:
+        ours, magnitude = _curve_at(curve, IMPORTANCE, split, fraction), _curve_at(curve, "magnitude", split, fraction)
+        if ours is not None and magnitude is not None:
+            sentences.append(f"{ANCHORS['torch_pruning']}; on this model with {pct(fraction)} of query heads removed "
+                             f"and no recovery, its criterion gives {split} {name} {num(magnitude)} and the paper's "
+                             f"importance {num(ours)} (a small model and another corpus: the comparison is of the "
+                             f"criteria on one model, not of the tools' models).")
+        activation = _curve_at(curve, "activation", split, fraction)
+        if ours is not None and activation is not None:
+            sentences.append(f"{ANCHORS['minitron']}; its activation criterion, chosen here as importance is, gives "
+                             f"{split} {name} {num(activation)} at {pct(fraction)} of query heads removed, "
+                             f"against {num(ours)} for importance.")
+    serving = (inp.prune or {}).get("kv_groups") or {}
+    bench = inp.llm_benchmark
+    for fraction, saved in serving.items():
+        rows = None if bench is None else bench[bench.model == f"{float(fraction):.0%} of KV groups"]
+        if rows is None or rows.empty:
+            continue
+        form = ("a stock Hugging Face folder that from_pretrained loads with no project code" if saved["stock"]
+                else f"the project's format ({saved.get('not_stock_because', '')})")
+        sentences.append(f"{ANCHORS['llm_pruner']}; here the model with {pct(float(fraction))} of every layer's KV "
+                         f"groups removed is {form}, and its KV cache holds "
+                         f"{num(float(rows.kv_bytes_per_token.iloc[0]), 0)} bytes per token, "
+                         f"{num(float(rows.ideal_speedup_kv.iloc[0]), 2)}x fewer than unpruned.")
+    return sentences

@@ -34,7 +34,7 @@ from pipeline.report.inputs import (
     precisions_in,
     splits_in,
 )
-from pipeline.report.paper import budgeted_sentences, compared_with_paper, side_by_side, table4
+from pipeline.report.paper import budgeted_sentences, compared_with_paper, llm_anchor_sentences, side_by_side, table4
 
 
 def _compared_with_paper(doc: Doc, inp: Inputs) -> None:
@@ -297,6 +297,36 @@ def _speed(doc: Doc, inp: Inputs) -> None:
         doc.table(mem.astype(object).map(lambda v: num(v, 1) if isinstance(v, float) else v))
 
 
+def _serving(doc: Doc, inp: Inputs) -> None:
+    """Beyond the paper: a pruned decoder-only LLM served with its KV cache (llm_benchmark.csv)."""
+    bench = inp.llm_benchmark
+    if bench is None:
+        return
+    doc.h(1, "Beyond the paper: serving a pruned LLM (KV cache and decoding speed)")
+    sentences = llm_anchor_sentences(inp)
+    if sentences:
+        doc.h(2, "Beside the tools people prune LLMs with")
+        doc.ul(sentences)
+    first = bench.drop_duplicates("model")
+    doc.h(2, "KV-cache bytes per token, measured from the cache tensors")
+    doc.p("What decoding reads from memory besides the weights, and what bounds the batch a GPU holds: it falls "
+          "only when key/value heads go, that is when a whole key/value group goes.")
+    doc.table(pd.DataFrame({
+        "model": first["model"], "KV bytes/token": first["kv_bytes_per_token"].map(lambda v: num(v, 0)),
+        "saving": (1 - 1 / first["ideal_speedup_kv"]).map(pct), "parameters": first["params"].map(lambda v: f"{v:,}")}))
+    doc.p(f"Measured on {measured_on(bench)}. Speedups compare each model with the unpruned one in the same run "
+          f"(medians over repeats, the models taking turns); the ideals are the ratio of FLOPs (of the prefill, or "
+          f"of one decode step at the mean context) and of KV bytes per token.")
+    doc.table(pd.DataFrame({
+        "model": bench["model"], "phase": bench["phase"], "batch": bench["batch_size"],
+        "tokens/s": bench["tokens_per_s"].map(lambda v: num(v, 0)),
+        "speedup": bench["speedup"].map(lambda v: num(v, 2)),
+        "ideal (FLOPs)": bench["ideal_speedup_flops"].map(lambda v: num(v, 2)),
+        "of ideal (FLOPs)": (bench["speedup"] / bench["ideal_speedup_flops"]).map(lambda v: num(v, 2)),
+        "ideal (KV bytes)": bench["ideal_speedup_kv"].map(lambda v: num(v, 2)),
+        "peak memory (MiB)": bench["peak_memory_mb"].map(lambda v: num(v, 1))}))
+
+
 # The summary comes first: it is what a reader wants; the sections below back it up.
 SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (
     _compared_with_paper,
@@ -308,4 +338,5 @@ SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (
     _one_head_per_layer,
     _recovery,
     _speed,
+    _serving,
 )

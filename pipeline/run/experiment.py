@@ -49,6 +49,7 @@ from pipeline.files.schema import (
     TASK_FILE,
     budgeted_name,
     checkpoint_step,
+    kv_groups_name,
     pruned_name,
 )
 from pipeline.mt.decoding import TranslationEval
@@ -149,6 +150,10 @@ class Experiment:
     def budgeted_dir(self, level: float) -> Path:
         """The budgeted-tuned model with `level` of its cost removed."""
         return self.pruned_root / budgeted_name(level)
+
+    def kv_groups_dir(self, fraction: float) -> Path:
+        """The serving-shape model: `fraction` of every layer's key/value groups removed (prune.kv_group_fractions)."""
+        return self.pruned_root / kv_groups_name(fraction)
 
     @property
     def checkpoints_dir(self) -> Path:
