@@ -26,7 +26,10 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tor
 
     Classification: cross-entropy of the label. Sequence-to-sequence: token-level NLL of the target,
     padding (label -100) masked, averaged over each example's own target tokens, so every example
-    weighs the same whatever its length.
+    weighs the same whatever its length. Causal language models: the same, with the logits at position t
+    scored against label t + 1 (Hugging Face's convention: labels are the input ids, shifted in the loss).
+    A model is causal when its logits are per token and it has no encoder (`config.is_encoder_decoder`
+    false): the flag Hugging Face itself reads to choose between the two losses and decoding modes.
     """
     labels = batch["labels"]
     logits = model(**batch).logits
@@ -34,6 +37,8 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tor
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if logits.dim() == 2:
         return F.cross_entropy(logits, labels, reduction="none")
+    if not getattr(model.config, "is_encoder_decoder", False):
+        logits, labels = logits[:, :-1], labels[:, 1:]
     nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=LABEL_PAD, reduction="none")
     tokens = (labels != LABEL_PAD).sum(dim=1).clamp(min=1)
     return nll.sum(dim=1) / tokens

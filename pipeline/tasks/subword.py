@@ -35,7 +35,8 @@ def train_tokenizer(
     """Learn a BPE vocabulary of `vocab_size` pieces (special tokens included) on `texts`.
 
     `texts` should hold the training sentences (MT: of both languages); never dev or test, whose pieces would
-    otherwise leak into the vocabulary. `lead_eos`: every encoded text also starts with </s> (language models). If `dest_dir` is given, the tokenizer is saved there with
+    otherwise leak into the vocabulary. `lead_eos`: every encoded text also starts with </s> (language models).
+    If `dest_dir` is given, the tokenizer is saved there with
     `save_pretrained`, so `AutoTokenizer.from_pretrained(dest_dir)` gives it back.
     """
     if vocab_size <= len(SPECIAL_TOKENS):
