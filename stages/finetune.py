@@ -21,6 +21,7 @@ from pipeline.core.checkpoint import save_model
 from pipeline.files.atomic import staged_dir, write_csv, write_json
 from pipeline.files.schema import BLEU, EVAL_SPLITS, PERPLEXITY, SPLITS, checkpoint_name
 from pipeline.lm.llama import new_llama
+from pipeline.lm.perplexity import unigram_perplexity
 from pipeline.lm.training import LanguageModelTrainConfig, train_language_model
 from pipeline.mt.bleu import bleu
 from pipeline.mt.marian import new_marian
@@ -113,16 +114,18 @@ def language_modeling(exp: Experiment) -> None:
         model, losses = exp.load(exp.base_model_dir), []
     seconds = time.perf_counter() - start
     scores = {split: exp.lm_eval(split)(model)[0] for split in EVAL_SPLITS}
+    train, test = exp.split("train")["input_ids"][:], exp.split("test")["input_ids"][:]
+    unigram = unigram_perplexity(train, test, model.config.vocab_size)
     exp.save(model, exp.finetuned_dir)
     write_csv(exp.reports / "training_loss.csv", pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))
     write_json(exp.reports / "finetune.json", {
-        "metric": PERPLEXITY, **scores, "model": task["model"], "data": task["data"],
+        "metric": PERPLEXITY, **scores, "test_unigram": unigram, "model": task["model"], "data": task["data"],
         "data_attribution": task["data_attribution"], "texts": task["texts"], "tokens": task["tokens"],
         "train_steps": len(losses), "train_loss_last": losses[-1] if losses else None,
         "train_seconds": round(seconds),
     })
-    log.info("finetune: perplexity dev %.2f, test %.2f (%d steps, %.0f s)", scores["dev"], scores["test"],
-             len(losses), seconds)
+    log.info("finetune: perplexity dev %.2f, test %.2f (unigram baseline on test %.2f; %d steps, %.0f s)",
+             scores["dev"], scores["test"], unigram, len(losses), seconds)
 
 
 def main() -> None:

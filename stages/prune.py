@@ -84,7 +84,7 @@ def prune(exp: Experiment) -> None:
     table = pd.concat(curves, ignore_index=True)
     write_csv(exp.reports / "pruning_curve.csv", table)
     for split in evals:
-        fraction, metric, base = prunable_fraction(table, IMPORTANCE, split)
+        fraction, metric, base = prunable_fraction(table, IMPORTANCE, split, exp.task()["metric"])
         summary[split] = {"prunable_fraction_within_1pt": fraction, "metric_at_prunable": metric, "unpruned": base}
 
     b = pp.budgeted

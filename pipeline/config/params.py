@@ -464,10 +464,10 @@ class LanguageModelingDataParams(Section):
 class LanguageModelTrainParams(Section):
     """Training from scratch: AdamW, linear warm-up then linear decay to 0; ignored for pretrained models."""
 
-    steps: int = Field(1500, ge=1)
+    steps: int = Field(3000, ge=1)
     batch_size: int = Field(64, ge=1)  # sequences per step
     learning_rate: float = Field(2e-3, gt=0)
-    warmup_steps: int = Field(100, ge=0)
+    warmup_steps: int = Field(150, ge=0)
     weight_decay: float = Field(0.1, ge=0)
 
 

@@ -26,6 +26,15 @@ def perplexity(outputs: np.ndarray) -> float:
     return float(np.exp(outputs[:, 0].sum() / max(outputs[:, 1].sum(), 1)))
 
 
+def unigram_perplexity(train: Sequence[Sequence[int]], held_out: Sequence[Sequence[int]], vocab_size: int) -> float:
+    """The perplexity of the training tokens' frequencies (add-one smoothed) on the tokens a model predicts in
+    `held_out` (all but each sequence's first): the baseline a trained model must clearly beat."""
+    counts = np.bincount(np.concatenate([np.asarray(s[1:]) for s in train]), minlength=vocab_size) + 1.0
+    log_p = np.log(counts / counts.sum())
+    predicted = np.concatenate([np.asarray(s[1:]) for s in held_out])
+    return float(np.exp(-log_p[predicted].mean()))
+
+
 class LanguageModelEval:
     """Scores a model by its perplexity on one split's token sequences, padded into length-sorted batches once."""
 

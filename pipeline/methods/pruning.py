@@ -33,7 +33,7 @@ from pipeline.core.importance import (
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.files.artifacts import DamagedArtifact, read_table
-from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, TOLERANCE, checkpoint_method, kind_method
+from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, checkpoint_method, kind_method, within_tolerance
 from pipeline.tasks.evaluation import TaskEval
 
 Plan = dict[int, list[int]]
@@ -206,10 +206,9 @@ def mean_over_seeds(curves: Sequence[pd.DataFrame], method: str) -> pd.DataFrame
     return out
 
 
-def prunable_fraction(
-    curve: pd.DataFrame, method: str, split: str, tolerance: float = TOLERANCE
-) -> tuple[float, float, float] | None:
-    """Largest share of heads pruned with every level up to it within `tolerance` of the unpruned metric.
+def prunable_fraction(curve: pd.DataFrame, method: str, split: str, metric: str) -> tuple[float, float, float] | None:
+    """Largest share of heads pruned with every level up to it within the tolerance of the unpruned `metric`
+    (`schema.within_tolerance`: 1 point, or a 5% rise in perplexity).
 
     Returns (fraction, metric at that fraction, unpruned metric), or None without a fraction-0 row.
     Levels are walked in order and the walk stops at the first one that loses more than the tolerance,
@@ -222,7 +221,7 @@ def prunable_fraction(
     base = float(unpruned["metric"].mean())  # all methods agree at 0% pruned
     best = (0.0, base, base)
     for r in rows.itertuples():
-        if r.metric < base - tolerance - 1e-9:
+        if not within_tolerance(metric, r.metric, base):
             break
         best = (float(r.fraction_pruned), float(r.metric), base)
     return best

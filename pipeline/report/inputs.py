@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.files.artifacts import read_table, reading
-from pipeline.files.schema import BLEU, EVAL_SPLITS, KINDS, checkpoint_method, kind_method
+from pipeline.files.schema import BLEU, EVAL_SPLITS, KINDS, LOWER_IS_BETTER, checkpoint_method, kind_method
 
 ENCODER, DECODER, CROSS = KINDS
 DEV, TEST = EVAL_SPLITS  # the headline numbers are on test, as the paper's are
@@ -136,8 +136,13 @@ class Inputs:
         )
 
     @property
+    def metric(self) -> str:
+        """finetune.json's metric, the key of its direction and tolerance (files/schema.py); "" when unknown."""
+        return str((self.finetune or {}).get("metric", "")).lower()
+
+    @property
     def is_bleu(self) -> bool:
-        return str((self.finetune or {}).get("metric", "")).lower() == BLEU
+        return self.metric == BLEU
 
     @property
     def metric_name(self) -> str:
@@ -146,6 +151,8 @@ class Inputs:
     @property
     def metric_label(self) -> str:
         """Axis label with unit."""
+        if self.metric in LOWER_IS_BETTER:
+            return f"{self.metric_name} (lower is better)"
         return "BLEU" if self.is_bleu else f"{self.metric_name} (%)"
 
     @property

@@ -20,6 +20,7 @@ from pipeline.files.schema import (
     IMPORTANCE,
     KIND_LABELS,
     PAPER,
+    improvement,
 )
 from pipeline.report import figures
 from pipeline.report.document import Doc, num, pct, signed
@@ -241,7 +242,8 @@ def _recovery(doc: Doc, inp: Inputs) -> None:
                 "heads pruned": rec["fraction_pruned"].map(pct),
                 "before": rec["metric_before"].map(num),
                 "after": rec["metric_after"].map(num),
-                f"recovered ({inp.points})": (rec["metric_after"] - rec["metric_before"]).map(signed),
+                f"recovered ({inp.points})": improvement(inp.metric, rec["metric_after"], rec["metric_before"]
+                                                          ).map(signed),
             }
         )
     )
