@@ -4,7 +4,8 @@ Beyond the paper: heads and FFN neurons pruned under a FLOP or latency budget wi
 al., 2022), against the paper's order at equal cost (prune.budgeted).
 
 Translation, on test only (decoding is the cost): also each attention kind pruned alone (Figure 5) and
-every saved training checkpoint pruned by its own importance (Figure 6).
+every saved training checkpoint pruned by its own importance (Figure 6). Language modelling: perplexity on dev
+and test, within tolerance meaning at most 5% above the unpruned model's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pandas as pd
 from pipeline.core.importance import rank_heads, select_heads
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import BUDGETED_TUNED, IMPORTANCE
+from pipeline.files.schema import BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE
 from pipeline.methods.comparison import LatencyShape, budgeted_comparison, empty_budgeted_table
 from pipeline.methods.pruning import (
     CurveEvaluator,
@@ -42,6 +43,8 @@ def sweep_evals(exp: Experiment, max_examples: int | None) -> dict:
     """The evaluations of every pruned model: BLEU on test (translation), or the metric on dev and test."""
     if exp.is_translation:
         return {"test": exp.translation_eval("test", max_examples)}
+    if exp.is_language_modeling:
+        return {split: exp.lm_eval(split, max_examples) for split in EVAL_SPLITS}
     sets = exp.eval_sets(max_examples=max_examples)
     return {split: ClassificationEval(eval_set, exp.task()["metric"], exp.runtime) for split, eval_set in sets.items()}
 
@@ -57,7 +60,7 @@ def prune(exp: Experiment) -> None:
     model = exp.load(exp.finetuned_dir)
     evals = sweep_evals(exp, pp.max_examples)
     # A short batch to count FLOPs on: its length sets the attention's share of them.
-    probe_batch = exp.score_batches()[0] if exp.is_translation else next(iter(evals.values())).eval_set.batches[0]
+    probe_batch = next(iter(evals.values())).eval_set.batches[0] if exp.is_classification else exp.score_batches()[0]
     probe = {k: v[:8] for k, v in probe_batch.items()}
     num_heads = [site.num_heads for site in attention_sites(model)]
     total = sum(num_heads)
@@ -95,7 +98,7 @@ def prune(exp: Experiment) -> None:
         result = budgeted_comparison(
             model, order, probe, CurveEvaluator(model, budget_evals, probe), exp.sample_batches(b.fisher_examples),
             tune_batches, b.methods, b.levels, b.budget, LatencyShape(**b.latency.model_dump()),
-            first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels)
+            first_token_last_layer=exp.is_classification, keep_models_at=b.save_levels)
         for level, pruned in result.models.items():
             exp.save(pruned, exp.budgeted_dir(level))
         for level in sorted(set(b.save_levels) - set(result.models)):

@@ -43,6 +43,7 @@ from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import (
     BASE_MODEL_DIR,
     CHECKPOINTS_DIR,
+    CLASSIFICATION,
     DATA_DIR,
     EVAL_SPLITS,
     FAIRSEQ_CHECKPOINT,
@@ -111,6 +112,10 @@ class Experiment:
         if self.resolved_runtime is not None:
             return self.resolved_runtime
         return resolve_runtime(self.params.runtime.device, precision)
+
+    @property
+    def is_classification(self) -> bool:
+        return self.params.task == CLASSIFICATION
 
     @property
     def is_translation(self) -> bool:
