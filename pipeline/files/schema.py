@@ -12,6 +12,8 @@ SCRATCH = "scratch"  # a model trained from scratch by the finetune stage (trans
 
 # --- the tasks (`task:` of a params file) ----------------------------------------------------------
 CLASSIFICATION, TRANSLATION, LANGUAGE_MODELING = "classification", "translation", "language-modeling"
+# The pipeline file that runs each task's experiments (its params.yaml beside it).
+TASK_PIPELINES = {CLASSIFICATION: "dvc.yaml", TRANSLATION: "mt/dvc.yaml", LANGUAGE_MODELING: "llm/dvc.yaml"}
 
 # --- splits, attention kinds, metrics ---------------------------------------------------------------
 SPLITS = ("train", "dev", "test")
