@@ -157,11 +157,22 @@ class Inputs:
 
     @property
     def points(self) -> str:
+        if self.metric in LOWER_IS_BETTER:
+            return self.metric_name  # "-3.1 perplexity": perplexity has no points
         return "BLEU points" if self.is_bleu else "points"
 
     @property
     def point(self) -> str:
+        if self.metric in LOWER_IS_BETTER:
+            return self.metric_name
         return "BLEU point" if self.is_bleu else "point"
+
+    def delta_label(self, unit: bool = True) -> str:
+        """What the tables' delta is (files/schema.py, `improvement`): the change in the metric (with its unit, or
+        not), or for a lower-is-better metric its fall, so that a positive delta is better either way."""
+        if self.metric in LOWER_IS_BETTER:
+            return f"fall in {self.metric_name} (positive: better)"
+        return f"change in {self.metric_label if unit else self.metric_name}"
 
     @property
     def is_mt(self) -> bool:
