@@ -85,8 +85,10 @@ def test_ffn_sites_list_every_feed_forward_block_in_model_order(family):
 
 
 def test_ffn_sites_of_an_unsupported_model_name_its_class_and_the_supported_families():
-    model = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
-    with pytest.raises(UnsupportedModelError, match=r"GPT2Model .*gpt2.*supported families: bart, bert"):
+    model = transformers.GPTNeoXModel(transformers.GPTNeoXConfig(num_hidden_layers=1, hidden_size=16,
+                                                                 num_attention_heads=2, intermediate_size=16,
+                                                                 vocab_size=50))
+    with pytest.raises(UnsupportedModelError, match=r"GPTNeoXModel .*gpt_neox.*supported families: bart, bert"):
         ffn_sites(model)
     with pytest.raises(UnsupportedModelError), neuron_gates(model):
         pass
@@ -293,7 +295,8 @@ def _set(key, index, field, value):
     "edit,message",
     [
         (_set("ffn_sites", 1, "kept_neurons", list(range(1, 29))),
-         r"FFN site 1 \(encoder layer 1 FFN\) records 28 neurons, but the weights hold 27 rows for "
+         r"FFN site 1 \(encoder layer 1 FFN\) records 28 neurons \(a \[28, 32\] weight\), "
+         r"but the weights hold a \[27, 32\] tensor for "
          r"bert\.encoder\.layer\.1\.intermediate\.dense\.weight"),
         (_set("ffn_sites", 1, "kind", "decoder"),
          r"'ffn_sites' entry 1 is recorded as decoder layer 1 but the model has encoder layer 1 FFN there"),

@@ -30,8 +30,27 @@ CONFIGS = {
     "marian": (transformers.MarianConfig, _SEQ2SEQ, transformers.MarianMTModel),
     "bart": (transformers.BartConfig, _SEQ2SEQ, transformers.BartForConditionalGeneration),
 }
-FAMILIES = sorted(CONFIGS)
+# Decoder-only language models: grouped-query attention (8 query heads on 2 key/value heads, head_dim 6, not
+# hidden / heads, so code that assumes one breaks) and multi-head attention (OPT, GPT-2's fused Conv1D).
+_GQA = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=6,
+            intermediate_size=37, max_position_embeddings=64, eos_token_id=EOS, bos_token_id=PAD, **_COMMON)
+CONFIGS.update({
+    "llama": (transformers.LlamaConfig, _GQA, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, _GQA, transformers.Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, _GQA, transformers.Qwen3ForCausalLM),
+    "mistral": (transformers.MistralConfig, {**_GQA, "num_key_value_heads": 4}, transformers.MistralForCausalLM),
+    "opt": (transformers.OPTConfig, dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, ffn_dim=37,
+                                         word_embed_proj_dim=32, max_position_embeddings=64, eos_token_id=EOS,
+                                         bos_token_id=PAD, **_COMMON), transformers.OPTForCausalLM),
+    "gpt2": (transformers.GPT2Config, dict(n_embd=32, n_layer=3, n_head=4, n_inner=37, n_positions=64,
+                                           eos_token_id=EOS, bos_token_id=PAD, **_COMMON),
+             transformers.GPT2LMHeadModel),
+})
 SEQ2SEQ = {"marian", "bart"}
+# The decoder-only families have their own tests (tests/test_decoder_only.py): other head counts and batches.
+LM_FAMILIES = ["gpt2", "llama", "mistral", "opt", "qwen2", "qwen3"]
+GQA = {"llama", "qwen2", "qwen3", "mistral"}
+FAMILIES = sorted(set(CONFIGS) - set(LM_FAMILIES))  # the encoder and encoder-decoder families
 # MPNet has no sdpa implementation in transformers; every other family is checked under both.
 FAMILY_IMPLS = [(f, impl) for f in FAMILIES for impl in ("sdpa", "eager") if not (f == "mpnet" and impl == "sdpa")]
 
@@ -63,6 +82,8 @@ def tiny_batch(family: str, batch_size: int = 3, length: int = 7, seed: int = 0,
         if padded and batch_size > 1:
             labels[-1, -1:] = -100
         batch["labels"] = labels
+    elif family in LM_FAMILIES:
+        batch["labels"] = input_ids.masked_fill(attention_mask == 0, -100)
     else:
         batch["labels"] = torch.randint(0, 3, (batch_size,), generator=g)
     return batch

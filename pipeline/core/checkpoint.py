@@ -1,17 +1,26 @@
 """Save and load models whose heads and FFN neurons were physically pruned.
 
-A pruned model is an ordinary Hugging Face folder (config, safetensors, tokenizer) plus
-`head_pruning.json` (the name from before neurons could be pruned, kept so old folders still load),
-which records the original indices of the heads each attention site kept and of the neurons each
-FFN site kept. `from_pretrained` alone cannot load such a folder (it refuses the smaller
-projections), so `load_model` builds the model from its config, prunes it to the recorded shape
-(`apply_pruning_record`), then loads the weights, checking each site's shape first so a mismatch
-names the site instead of a tensor.
+A pruned model is a Hugging Face folder (config, safetensors, tokenizer) plus `head_pruning.json`
+(the name from before neurons could be pruned, kept so old folders still load), which records the
+original indices of the heads each attention site kept and of the neurons each FFN site kept.
+
+Two forms, and `save_model` writes the first whenever it can:
+- **stock**: every layer pruned alike, into a shape the family's own config class describes and builds
+  (`stock_config`: e.g. Qwen2 with 6 of 8 query heads and 2 key/value heads, `head_dim` given). The
+  config says the pruned shape, so `AutoModelForCausalLM.from_pretrained` loads it with no project code;
+  the record only tells this project which original heads and neurons are left.
+- **project**: any other shape (layers pruned unequally, an emptied layer, a config class that derives
+  head_dim from hidden_size / heads as BERT, GPT-2, OPT and Llama's validator do). The config is the
+  unpruned one; `from_pretrained` refuses the smaller projections, so `load_model` builds the model from
+  its config, prunes it to the recorded shape (`apply_pruning_record`), then loads the weights, checking
+  each site's shape first so a mismatch names the site instead of a tensor. The record says why the
+  folder is not stock.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -19,17 +28,21 @@ from pathlib import Path
 
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.sites import PrunedShape, attention_sites, family_of, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.artifacts import reading
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import PRUNING_FILE
 
+log = logging.getLogger("pipeline")
+
 # 1: heads only ("sites"). 2: adds the FFN sites ("ffn_sites"); a version-1 record keeps every neuron.
+# A version-2 record may also say the folder is stock ("stock": true, with each site's original_group_size).
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
@@ -43,6 +56,7 @@ def pruning_record(model: nn.Module) -> dict:
                 "kind": site.kind,
                 "layer": site.layer,
                 "original_num_heads": site.original_num_heads,
+                "original_group_size": site.original_group_size,
                 "kept_heads": site.kept_heads,
             }
             for site in attention_sites(model)
@@ -138,31 +152,114 @@ def check_pruned_shapes(model: nn.Module, weights: Mapping[str, torch.Tensor], s
     the shapes of `model`'s pruned sites, so a record that disagrees with its weights says where."""
     names = {id(param): name for name, param in (root or model).named_parameters()}
 
-    def rows(key: str) -> str:
-        return "no tensor" if key not in weights else f"{weights[key].shape[0]} rows"
+    def held(key: str) -> str:
+        return "no tensor" if key not in weights else f"a {list(weights[key].shape)} tensor"
 
     for index, site in enumerate(attention_sites(model)):
-        key = names[id(site.projections[0].weight)]
-        expected = site.num_heads * site.head_dim
-        if key not in weights or weights[key].shape[0] != expected:
-            raise error(f"{source}: site {index} ({site.name}) records {site.num_heads} heads ({expected} query "
-                        f"rows), but the weights hold {rows(key)} for {key}")
+        param = site.projections[0].weight
+        key = names[id(param)]
+        if key not in weights or weights[key].shape != param.shape:
+            raise error(f"{source}: site {index} ({site.name}) records {site.num_heads} heads (a {list(param.shape)} "
+                        f"query weight), but the weights hold {held(key)} for {key}")
     for index, site in enumerate(ffn_sites(model)):
-        key = names[id(site.fc_in.weight)]
-        if key not in weights or weights[key].shape[0] != site.num_neurons:
-            raise error(f"{source}: FFN site {index} ({site.name}) records {site.num_neurons} neurons, but the "
-                        f"weights hold {rows(key)} for {key}")
+        param = site.fc_in.weight
+        key = names[id(param)]
+        if key not in weights or weights[key].shape != param.shape:
+            raise error(f"{source}: FFN site {index} ({site.name}) records {site.num_neurons} neurons (a "
+                        f"{list(param.shape)} weight), but the weights hold {held(key)} for {key}")
+
+
+def _is_pruned(model: nn.Module) -> bool:
+    return (any(site.num_heads != site.original_num_heads for site in attention_sites(model))
+            or any(site.num_neurons != site.original_num_neurons for site in ffn_sites(model)))
+
+
+def stock_config(model: nn.Module) -> tuple[transformers.PretrainedConfig | None, str]:
+    """The config under which the family's own class builds exactly `model`'s pruned shape, so that stock
+    `from_pretrained` loads it; or `(None, why not)`. An unpruned model's config is its own."""
+    if not _is_pruned(model):
+        return model.config, ""
+    family, sites, ffns = family_of(model), attention_sites(model), ffn_sites(model)
+    config_class = type(model.config)
+    if family.stock_keys is None:
+        return None, f"{config_class.__name__} has no keys for a pruned shape (encoder-decoder attention)"
+    heads = sorted({(site.num_heads, site.num_kv_heads) for site in sites})
+    widths = sorted({site.num_neurons for site in ffns})
+    if len(heads) > 1 or len(widths) > 1:
+        return None, (f"its layers differ ((query, key/value) heads per layer: {[h for h, _ in heads]} / "
+                      f"{[kv for _, kv in heads]}; FFN widths {widths}), and a stock config gives every layer one "
+                      f"shape; prune with uniform: true for a stock folder")
+    (num_heads, num_kv_heads), = heads
+    if num_heads == 0 or widths[0] == 0:
+        return None, "every layer lost all its heads or neurons, which a stock config cannot say"
+    updates = family.stock_keys(PrunedShape(num_heads, num_kv_heads, sites[0].head_dim, widths[0]))
+    # The config classes' validators (StrictDataclassError) and some model constructors (ValueError) refuse shapes.
+    try:
+        config = config_class.from_dict({**model.config.to_dict(), **updates})
+        with torch.device("meta"):
+            built = type(model)(config)
+    except (ValueError, TypeError, StrictDataclassError) as error:
+        reason = str(error).strip().splitlines()[-1].strip()
+        return None, f"{config_class.__name__} refuses {updates}: {reason}"
+    config.architectures = [type(model).__name__]  # what save_pretrained records, so Auto* picks this class
+    expected = dict(model.state_dict())
+    for key, tensor in built.state_dict().items():
+        if key in expected and tensor.shape != expected[key].shape:
+            return None, (f"{config_class.__name__} with {updates} builds {key} as {list(tensor.shape)}, not the "
+                          f"pruned {list(expected[key].shape)}")
+    return config, ""
 
 
 def save_model(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
     """Write `model` (pruned or not) and optionally its tokenizer to the folder `path`, atomically:
-    a killed save leaves the previous folder (or none), never a half-written one."""
+    a killed save leaves the previous folder (or none), never a half-written one.
+
+    A stock Hugging Face folder whenever the pruned shape allows one (`stock_config`), else the project's
+    form; the pruning record says which, and why a stock load is impossible."""
+    config, why_not = stock_config(model)
+    record = pruning_record(model)
+    record["stock"] = config is not None
+    if config is None:
+        record["not_stock_because"] = why_not
+        log.info("save: %s is in the project's format (load it with pipeline.core.checkpoint.load_model): %s",
+                 path, why_not)
     with staged_dir(path) as staging:
         model.save_pretrained(staging)
+        if config is not None and config is not model.config:
+            config.save_pretrained(staging)  # the pruned shape, over the unpruned config save_pretrained wrote
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-        (staging / PRUNING_FILE).write_text(json.dumps(pruning_record(model), indent=1) + "\n")
+        (staging / PRUNING_FILE).write_text(json.dumps(record, indent=1) + "\n")
     return Path(path)
+
+
+def _annotate_stock_load(model: nn.Module, record: dict, source: Path) -> None:
+    """Give a model that stock `from_pretrained` built in its pruned shape the original indices `record`
+    keeps, so later plans (in original indices) and records stay right."""
+    sites, ffns = attention_sites(model), ffn_sites(model)
+    saved_sites, saved_ffns = record.get("sites"), record.get("ffn_sites")
+    if not isinstance(saved_sites, list) or not isinstance(saved_ffns, list) or (
+            len(saved_sites), len(saved_ffns)) != (len(sites), len(ffns)):
+        raise ValueError(f"{source}: a stock record lists one entry per attention and FFN site of the model "
+                         f"({len(sites)} and {len(ffns)})")
+    for site, saved in zip(sites, saved_sites, strict=True):
+        kept = saved.get("kept_heads") if isinstance(saved, dict) else None
+        if not isinstance(kept, list) or len(kept) != site.num_heads:
+            raise ValueError(f"{source}: {site.name} has {site.num_heads} heads, the record keeps {kept!r}")
+        if kept == list(range(saved["original_num_heads"])):
+            continue  # unpruned: left as a fresh model, so a later prune_heads sets it up as for any other
+        site.module.original_num_heads = saved["original_num_heads"]
+        site.module.original_group_size = saved.get("original_group_size", 1)
+        site.module.kept_heads = kept
+    for site, saved in zip(ffns, saved_ffns, strict=True):
+        kept = saved.get("kept_neurons") if isinstance(saved, dict) else None
+        if not isinstance(kept, list) or len(kept) != site.num_neurons:
+            raise ValueError(f"{source}: {site.name} has {site.num_neurons} neurons, the record keeps "
+                             f"{len(kept) if isinstance(kept, list) else kept!r}")
+        if kept == list(range(saved["original_num_neurons"])):
+            continue
+        site.fc_in.original_num_neurons = saved["original_num_neurons"]
+        site.fc_in.kept_neurons = kept
 
 
 def _model_class(config: transformers.PretrainedConfig) -> type:
@@ -198,19 +295,26 @@ def load_model(path: str | Path, model_class: type | None = None, trust_remote_c
     """
     local = Path(path)
     record_file = local / PRUNING_FILE
-    if not record_file.exists():
+    record = None
+    if record_file.exists():
+        with reading(record_file, ValueError):
+            try:
+                record = json.loads(record_file.read_text())
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
+            _format_version(record, record_file)
+    if record is None or record.get("stock"):
         config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         cls = model_class or _model_class(config)
         weights = local / "model.safetensors"
         # A hub id or a sharded folder names no single weights file; let from_pretrained report those as it does.
         with reading(weights, SafetensorError) if weights.exists() else nullcontext():
-            return cls.from_pretrained(str(path), trust_remote_code=trust_remote_code, **kwargs).eval()
+            model = cls.from_pretrained(str(path), trust_remote_code=trust_remote_code, **kwargs).eval()
+        if record is not None:
+            with reading(record_file, ValueError):
+                _annotate_stock_load(model, record, record_file)
+        return model
 
-    with reading(record_file, ValueError):
-        try:
-            record = json.loads(record_file.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
     config = transformers.AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
     cls = model_class or _model_class(config)
     model = cls._from_config(config, **kwargs)

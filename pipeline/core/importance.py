@@ -17,6 +17,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.gates import head_gates
+from pipeline.core.sites import is_decoder_only
+from pipeline.files.schema import HEAD_UNITS
 
 LABEL_PAD = -100
 
@@ -26,10 +28,8 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tor
 
     Classification: cross-entropy of the label. Sequence-to-sequence: token-level NLL of the target,
     padding (label -100) masked, averaged over each example's own target tokens, so every example
-    weighs the same whatever its length. Causal language models: the same, with the logits at position t
-    scored against label t + 1 (Hugging Face's convention: labels are the input ids, shifted in the loss).
-    A model is causal when its logits are per token and it has no encoder (`config.is_encoder_decoder`
-    false): the flag Hugging Face itself reads to choose between the two losses and decoding modes.
+    weighs the same whatever its length. Decoder-only language models: the same NLL of each next token,
+    with the Hugging Face convention that `labels` are the inputs (the position t predicts label t + 1).
     """
     labels = batch["labels"]
     logits = model(**batch).logits
@@ -37,7 +37,7 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tor
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if logits.dim() == 2:
         return F.cross_entropy(logits, labels, reduction="none")
-    if not getattr(model.config, "is_encoder_decoder", False):
+    if is_decoder_only(model):
         logits, labels = logits[:, :-1], labels[:, 1:]
     nll = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=LABEL_PAD, reduction="none")
     tokens = (labels != LABEL_PAD).sum(dim=1).clamp(min=1)
@@ -98,41 +98,108 @@ def normalize_per_layer(importance: Sequence[torch.Tensor], p: float | None = 2.
 
 
 Head = tuple[int, int]  # (site index, head index)
+# Per site, the positions of the query heads each key/value head serves (`AttentionSite.head_groups`).
+Groups = Sequence[Sequence[Sequence[int]]]
 
 
-def rank_heads(importance: Sequence[torch.Tensor]) -> list[Head]:
-    """All heads, least important first. Ties keep model order, so the ranking is deterministic."""
-    scored = [(float(score), site, head) for site, t in enumerate(importance) for head, score in enumerate(t)]
-    scored.sort(key=lambda item: item[0])  # stable sort: ties stay in (site, head) order
-    return [(site, head) for _, site, head in scored]
+def _singletons(num_heads: Sequence[int]) -> list[list[list[int]]]:
+    """Multi-head attention: every head is a group of its own."""
+    return [[[h] for h in range(n)] for n in num_heads]
 
 
-def random_order(num_heads: Sequence[int], seed: int) -> list[Head]:
-    """A seeded random ranking, the baseline every importance ranking must beat."""
+def rank_heads(importance: Sequence[torch.Tensor], groups: Groups | None = None, unit: str = "query") -> list[Head]:
+    """All heads, least important first. Ties keep model order, so the ranking is deterministic.
+
+    Under grouped-query attention (`groups`) heads go in units that keep every key/value group equal, and the
+    order lists each unit's heads together, units by the sum of their heads' scores:
+    - unit "query": a layer's k-th unit is the k-th least important head of every group (the same number
+      of query heads leaves each group), so the key/value heads stay until their last query head goes;
+    - unit "group": a whole group, its key/value head with it.
+    With one head per group (multi-head attention) both are the plain ranking of heads.
+    """
+    if unit not in HEAD_UNITS:
+        raise ValueError(f"unit must be one of {', '.join(HEAD_UNITS)}, got {unit!r}")
+    groups = _singletons([len(t) for t in importance]) if groups is None else groups
+    units = []  # (score, site, position of the unit within its site, heads)
+    for site, (scores, site_groups) in enumerate(zip(importance, groups, strict=True)):
+        score = [float(x) for x in scores]
+        if unit == "group" or all(len(group) == 1 for group in site_groups):
+            units += [(sum(score[h] for h in group), site, g, list(group)) for g, group in enumerate(site_groups)]
+            continue
+        # Each group's heads, least important first; the k-th slice takes the k-th of every group.
+        by_group = [sorted(group, key=lambda h: (score[h], h)) for group in site_groups]
+        for k in range(min((len(g) for g in by_group), default=0)):
+            members = [g[k] for g in by_group]
+            units.append((sum(score[h] for h in members), site, k, members))
+    units.sort(key=lambda item: item[0])  # stable sort: ties stay in (site, unit) order
+    return [(site, head) for _, site, _, heads in units for head in heads]
+
+
+def random_order(num_heads: Sequence[int], seed: int, groups: Groups | None = None, unit: str = "query") -> list[Head]:
+    """A seeded random ranking, the baseline every importance ranking must beat; under grouped-query attention,
+    in whole units as `rank_heads` makes them."""
     heads = [(site, head) for site, n in enumerate(num_heads) for head in range(n)]
     generator = torch.Generator().manual_seed(seed)
-    return [heads[i] for i in torch.randperm(len(heads), generator=generator).tolist()]
+    position = torch.empty(len(heads))
+    position[torch.randperm(len(heads), generator=generator)] = torch.arange(len(heads), dtype=torch.float)
+    scores, start = [], 0
+    for n in num_heads:  # a head's score is its place in the permutation: with one head per group, that order
+        scores.append(position[start : start + n])
+        start += n
+    return rank_heads(scores, groups, unit)
+
+
+def _equal_groups(groups: Sequence[Sequence[int]], gone: set[int]) -> bool:
+    sizes = {len([h for h in group if h not in gone]) for group in groups} - {0}
+    return len(sizes) <= 1
 
 
 def select_heads(
-    order: Sequence[Head], num_heads: Sequence[int], count: int, min_heads_per_site: int = 0
+    order: Sequence[Head], num_heads: Sequence[int], count: int, min_heads_per_site: int = 0,
+    groups: Groups | None = None, uniform: bool = False,
 ) -> dict[int, list[int]]:
     """The first `count` heads of `order` whose removal leaves every site `min_heads_per_site` heads.
 
+    Under grouped-query attention (`groups`), a site's heads are taken in the order's sequence but count as
+    removed only once every key/value group of the site keeps the same number of query heads again, so that
+    every plan can be pruned physically; orders from `rank_heads` and `random_order` list whole units, so this
+    takes them unit by unit, and removes the most whole units that fit in `count` (possibly a few heads fewer).
+    `uniform` removes the same number of heads from every site (count / sites, in whole units), keeping the
+    layers alike, as a stock config needs.
+
     Returns `{site: [head, ...]}`, the form `prune_heads` and gate masks take.
     """
+    grouped = groups is not None
+    groups = _singletons(num_heads) if groups is None else groups
+    if uniform:
+        per_site = count // len(num_heads) if num_heads else 0
+        budget = [per_site] * len(num_heads)
+    else:
+        budget = [count] * len(num_heads)  # only the total binds
     remaining = list(num_heads)
     chosen: dict[int, list[int]] = {}
+    pending: dict[int, list[int]] = {}
+    closed: set[int] = set()
     taken = 0
     for site, head in order:
         if taken == count:
             break
-        if remaining[site] <= min_heads_per_site:
+        if site in closed:
             continue
-        chosen.setdefault(site, []).append(head)
-        remaining[site] -= 1
-        taken += 1
-    if taken < count:
+        pending.setdefault(site, []).append(head)
+        if not _equal_groups(groups[site], set(chosen.get(site, [])) | set(pending[site])):
+            continue
+        unit = pending.pop(site)
+        removed_here = num_heads[site] - remaining[site]
+        if remaining[site] - len(unit) < min_heads_per_site or removed_here + len(unit) > budget[site]:
+            closed.add(site)  # later units of this site are no smaller, and its units come in order
+            continue
+        if taken + len(unit) > count:
+            continue  # a smaller unit of another site may still fit
+        chosen.setdefault(site, []).extend(unit)
+        remaining[site] -= len(unit)
+        taken += len(unit)
+    if taken < count and not grouped and not uniform:
         raise ValueError(f"cannot prune {count} heads while keeping {min_heads_per_site} per layer: "
                          f"at most {taken} can go")
     return {site: sorted(heads) for site, heads in sorted(chosen.items())}

@@ -4,8 +4,13 @@ blocks (FFN neurons).
 transformers 5 dropped `head_mask` and `prune_heads`, so every other part of the project (gates,
 importance, physical pruning, save/load) goes through this one table of per-family facts: which
 submodule holds the query/key/value projections, which linear is the output projection whose input
-is the concatenation of the heads, which attributes the module reads for its head count, and which
-two linears make each feed-forward block. Adding a family is one entry in `FAMILIES`.
+is the concatenation of the heads, which attributes the module reads for its head count, how query
+heads share key/value heads (grouped-query attention), which linears make each feed-forward block, and
+how a pruned shape is written as the family's own config. Adding a family is one entry in `FAMILIES`.
+
+Grouped-query attention (Llama, Qwen2/3, Mistral): query head h reads key/value head
+h // group_size, where group_size = num_heads / num_kv_heads and the heads of a group are contiguous.
+Multi-head attention is the case group_size = 1: every query head has a key/value head of its own.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ class AttentionLayout:
     query: str
     key: str
     value: str
-    num_heads_attr: str
+    # Attribute holding the head count; None for modules that reshape with -1 and keep no count (Llama's).
+    num_heads_attr: str | None
     head_dim_attr: str
     # Attribute holding num_heads * head_dim, for modules that reshape with it (None if unused).
     inner_dim_attr: str | None
@@ -46,6 +52,11 @@ class AttentionLayout:
     # Name of the forward argument holding the attention's input (the query side), for callers that pass
     # it by keyword.
     query_arg: str = "hidden_states"
+    # Attribute holding the query heads per key/value head, for grouped-query attention (None: multi-head).
+    group_size_attr: str | None = None
+    # True when one layer computes query, key and value side by side (GPT-2's `c_attn`, `inner_dim_attr` wide
+    # each); `query`, `key` and `value` then all name it.
+    fused_qkv: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,9 @@ class AttentionSite:
 
     @property
     def num_heads(self) -> int:
-        return getattr(self.module, self.layout.num_heads_attr)
+        if self.layout.num_heads_attr is not None:
+            return getattr(self.module, self.layout.num_heads_attr)
+        return out_features(self.projections[0]) // self.head_dim
 
     @property
     def head_dim(self) -> int:
@@ -70,6 +83,33 @@ class AttentionSite:
     def projections(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
         lay = self.layout
         return getattr(self.module, lay.query), getattr(self.module, lay.key), getattr(self.module, lay.value)
+
+    @property
+    def original_group_size(self) -> int:
+        """Query heads per key/value head before any pruning (1 for multi-head attention)."""
+        if self.layout.group_size_attr is None:
+            return 1
+        return getattr(self.module, "original_group_size", getattr(self.module, self.layout.group_size_attr))
+
+    @property
+    def kept_kv_heads(self) -> list[int]:
+        """Original indices of the key/value heads still present: those serving a kept query head."""
+        size = self.original_group_size
+        return sorted({head // size for head in self.kept_heads})
+
+    @property
+    def num_kv_heads(self) -> int:
+        return len(self.kept_kv_heads)
+
+    @property
+    def head_groups(self) -> list[list[int]]:
+        """Positions (among the heads present) of the query heads each present key/value head serves; one
+        head per group for multi-head attention. Pruning keeps a site valid only if every group keeps the
+        same number of heads (`pipeline.core.surgery.validate_heads_to_prune`)."""
+        size, groups = self.original_group_size, {}
+        for position, head in enumerate(self.kept_heads):
+            groups.setdefault(head // size, []).append(position)
+        return [groups[kv] for kv in sorted(groups)]
 
     @property
     def original_num_heads(self) -> int:
@@ -85,11 +125,17 @@ class AttentionSite:
         return f"{self.kind} layer {self.layer}"
 
 
+def out_features(layer: nn.Module) -> int:
+    """Output width of an `nn.Linear` or of GPT-2's `Conv1D` (a linear whose weight is stored transposed)."""
+    return layer.out_features if hasattr(layer, "out_features") else layer.nf
+
+
 @dataclass(frozen=True)
 class FeedForwardSite:
     """One feed-forward block: `fc_in` (hidden -> intermediate), an elementwise activation, `fc_out`
-    (intermediate -> hidden). Neuron i owns row i (and bias i) of `fc_in` and column i of `fc_out`.
-    `layer` is 0-based within its stack (encoder or decoder)."""
+    (intermediate -> hidden). Neuron i owns output i (weight row and bias i) of `fc_in` and input i of `fc_out`.
+    Gated blocks (Llama's SwiGLU: `down(act(gate(x)) * up(x))`) have a second input linear, `fc_gate`, whose
+    output i belongs to neuron i too. `layer` is 0-based within its stack (encoder or decoder)."""
 
     kind: str
     layer: int
@@ -97,10 +143,16 @@ class FeedForwardSite:
     fc_out: nn.Linear
     # Dimension of the batch in `fc_out`'s input: 0, or 1 for time-major fairseq; per-example gates broadcast along it.
     batch_dim: int
+    fc_gate: nn.Linear | None = None
+
+    @property
+    def inputs(self) -> tuple[nn.Linear, ...]:
+        """The linears whose outputs are the neurons: `fc_in`, and `fc_gate` in a gated block."""
+        return (self.fc_in,) if self.fc_gate is None else (self.fc_in, self.fc_gate)
 
     @property
     def num_neurons(self) -> int:
-        return self.fc_in.out_features
+        return out_features(self.fc_in)
 
     @property
     def original_num_neurons(self) -> int:
@@ -118,7 +170,8 @@ class FeedForwardSite:
 
 
 SiteEntry = tuple[str, int, "nn.Module", "nn.Linear"]
-FeedForwardEntry = tuple[str, int, "nn.Linear", "nn.Linear"]  # kind, layer, fc_in, fc_out
+# kind, layer, fc_in, fc_out[, fc_gate]
+FeedForwardEntry = tuple[str, int, "nn.Linear", "nn.Linear"] | tuple[str, int, "nn.Linear", "nn.Linear", "nn.Linear"]
 
 _BERT_LAYOUT = AttentionLayout("query", "key", "value", "num_attention_heads", "attention_head_size",
                                "all_head_size", projects_output=False)
@@ -131,6 +184,14 @@ _SEQ2SEQ_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "he
 # fairseq's MultiheadAttention reshapes its output with `embed_dim` (= num_heads * head_dim) and is time-major.
 _FAIRSEQ_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "head_dim", "embed_dim",
                                   projects_output=True, batch_dim=1, query_arg="query")
+# Llama, Qwen2, Qwen3 and Mistral reshape with head_dim and -1, and repeat each key/value head
+# num_key_value_groups times; Qwen3's per-head q_norm/k_norm are shared by the heads, so they stay as they are.
+_GQA_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", None, "head_dim", None, projects_output=True,
+                              group_size_attr="num_key_value_groups")
+_OPT_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "head_dim", None, projects_output=True)
+# GPT-2 splits c_attn's output into query, key and value with split_size (= num_heads * head_dim).
+_GPT2_LAYOUT = AttentionLayout("c_attn", "c_attn", "c_attn", "num_heads", "head_dim", "split_size",
+                               projects_output=True, fused_qkv=True)
 
 
 def _bert_like(base: nn.Module) -> Iterator[SiteEntry]:
@@ -155,6 +216,31 @@ def _encoder_decoder(base: nn.Module) -> Iterator[SiteEntry]:
     for i, layer in enumerate(base.decoder.layers):
         yield DECODER, i, layer.self_attn, layer.self_attn.out_proj
         yield CROSS, i, layer.encoder_attn, layer.encoder_attn.out_proj
+
+
+def _decoder_only(path: str, attention: str, out_proj: str) -> Callable[[nn.Module], Iterator[SiteEntry]]:
+    def walk(base: nn.Module) -> Iterator[SiteEntry]:
+        for i, layer in enumerate(base.get_submodule(path)):
+            module = layer.get_submodule(attention)
+            yield DECODER, i, module, module.get_submodule(out_proj)
+
+    return walk
+
+
+def _gated_mlp_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
+    # Llama-style SwiGLU: neuron i is up_proj's and gate_proj's output i and down_proj's input i.
+    for i, layer in enumerate(base.layers):
+        yield DECODER, i, layer.mlp.up_proj, layer.mlp.down_proj, layer.mlp.gate_proj
+
+
+def _opt_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
+    for i, layer in enumerate(base.decoder.layers):
+        yield DECODER, i, layer.fc1, layer.fc2
+
+
+def _gpt2_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
+    for i, block in enumerate(base.h):
+        yield DECODER, i, block.mlp.c_fc, block.mlp.c_proj
 
 
 def _bert_like_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
@@ -186,11 +272,54 @@ def _fairseq_ffn(base: nn.Module) -> Iterator[FeedForwardEntry]:
 
 
 @dataclass(frozen=True)
+class PrunedShape:
+    """What every layer of a uniformly pruned model has: the config values a stock load needs."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+
+
+@dataclass(frozen=True)
 class Family:
     layout: AttentionLayout
     walk: Callable[[nn.Module], Iterator[SiteEntry]]  # the base model's sites, in model order
     stacks: Callable[[nn.Module], dict[str, nn.ModuleList]]  # kind -> the layer blocks holding its sites
     ffn_walk: Callable[[nn.Module], Iterator[FeedForwardEntry]]  # the base model's FFN blocks, in model order
+    # The config keys that describe a uniformly pruned shape in the family's own config class, so that stock
+    # `from_pretrained` builds it (`pipeline.core.checkpoint.stock_config` checks that the class does).
+    stock_keys: Callable[[PrunedShape], dict] | None = None
+
+
+def _gqa_keys(shape: PrunedShape) -> dict:
+    return {"num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim, "intermediate_size": shape.intermediate_size}
+
+
+def _bert_keys(shape: PrunedShape) -> dict:
+    # BERT-likes derive head_dim from hidden_size / num_attention_heads: only FFN-pruned shapes load stock.
+    return {"num_attention_heads": shape.num_heads, "intermediate_size": shape.intermediate_size}
+
+
+def _gpt2_keys(shape: PrunedShape) -> dict:
+    return {"n_head": shape.num_heads, "n_inner": shape.intermediate_size}
+
+
+def _opt_keys(shape: PrunedShape) -> dict:
+    return {"num_attention_heads": shape.num_heads, "ffn_dim": shape.intermediate_size}
+
+
+def _decoder_stack(path: str) -> Callable[[nn.Module], dict[str, nn.ModuleList]]:
+    def stacks(base: nn.Module) -> dict[str, nn.ModuleList]:
+        return {DECODER: base.get_submodule(path)}
+
+    return stacks
+
+
+def _gqa_family() -> Family:
+    return Family(_GQA_LAYOUT, _decoder_only("layers", "self_attn", "o_proj"), _decoder_stack("layers"),
+                  _gated_mlp_ffn, _gqa_keys)
 
 
 def _encoder_stack(path: str) -> Callable[[nn.Module], dict[str, nn.ModuleList]]:
@@ -206,9 +335,9 @@ def _encoder_decoder_stacks(base: nn.Module) -> dict[str, nn.ModuleList]:
 
 # config.model_type -> family
 FAMILIES: dict[str, Family] = {
-    "bert": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn),
-    "roberta": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn),
-    "electra": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn),
+    "bert": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn, _bert_keys),
+    "roberta": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn, _bert_keys),
+    "electra": Family(_BERT_LAYOUT, _bert_like, _encoder_stack("encoder.layer"), _bert_like_ffn, _bert_keys),
     "distilbert": Family(_DISTILBERT_LAYOUT, _distilbert, _encoder_stack("transformer.layer"), _distilbert_ffn),
     "mpnet": Family(_MPNET_LAYOUT, _mpnet, _encoder_stack("encoder.layer"), _bert_like_ffn),
     "marian": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks, _encoder_decoder_ffn),
@@ -216,6 +345,14 @@ FAMILIES: dict[str, Family] = {
     # fairseq's TransformerModel, wrapped by pipeline.backends.fairseq.FairseqSeq2Seq (which sets this model_type):
     # its layers name their attention modules and FFN linears as Marian's and BART's do.
     "fairseq_transformer": Family(_FAIRSEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks, _fairseq_ffn),
+    # Decoder-only language models: one stack of decoder self-attention, grouped-query or multi-head.
+    "llama": _gqa_family(),
+    "qwen2": _gqa_family(),
+    "qwen3": _gqa_family(),
+    "mistral": _gqa_family(),
+    "opt": Family(_OPT_LAYOUT, _decoder_only("decoder.layers", "self_attn", "out_proj"),
+                  _decoder_stack("decoder.layers"), _opt_ffn, _opt_keys),
+    "gpt2": Family(_GPT2_LAYOUT, _decoder_only("h", "attn", "c_proj"), _decoder_stack("h"), _gpt2_ffn, _gpt2_keys),
 }
 
 
@@ -223,7 +360,7 @@ class UnsupportedModelError(TypeError):
     pass
 
 
-def _family(model: nn.Module) -> Family:
+def family_of(model: nn.Module) -> Family:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in FAMILIES:
         raise UnsupportedModelError(
@@ -239,7 +376,7 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
     Works on the bare model and on any task head around it (`...ForSequenceClassification`,
     `MarianMTModel`, ...), since Hugging Face models expose the bare one as `base_model`.
     """
-    family = _family(model)
+    family = family_of(model)
     base = getattr(model, "base_model", model)
     return [
         AttentionSite(kind, layer, module, out_proj, family.layout)
@@ -252,15 +389,20 @@ def ffn_sites(model: nn.Module) -> list[FeedForwardSite]:
 
     Works on the bare model and on any task head around it, as `attention_sites` does.
     """
-    family = _family(model)
+    family = family_of(model)
     base = getattr(model, "base_model", model)
     return [
-        FeedForwardSite(kind, layer, fc_in, fc_out, family.layout.batch_dim)
-        for kind, layer, fc_in, fc_out in family.ffn_walk(base)
+        FeedForwardSite(kind, layer, fc_in, fc_out, family.layout.batch_dim, *fc_gate)
+        for kind, layer, fc_in, fc_out, *fc_gate in family.ffn_walk(base)
     ]
+
+
+def is_decoder_only(model: nn.Module) -> bool:
+    """A language model whose every attention is the decoder's self-attention (Llama, GPT-2, ...)."""
+    return {site.kind for site in attention_sites(model)} == {DECODER}
 
 
 def layer_stack(model: nn.Module, kind: str) -> nn.ModuleList:
     """The layer blocks of the stack holding `kind` sites (the decoder's for "decoder" and "cross")."""
-    return _family(model).stacks(getattr(model, "base_model", model))[kind]
+    return family_of(model).stacks(getattr(model, "base_model", model))[kind]
 

@@ -1,15 +1,22 @@
 """Physical pruning of heads and FFN neurons: remove their parameters for real, so the model gets
 faster and smaller.
 
-A head h owns rows `[h*d, (h+1)*d)` of the query, key and value projections and the same columns of
-the output projection's input. Pruning slices those out and updates the head-count attributes the
-module reshapes with. When every head of a site goes, its forward is replaced by one that returns
-only the output projection's bias, because the stock forwards reshape with `-1` and cannot run on
-zero heads.
+A head h owns rows `[h*d, (h+1)*d)` of the query projection and the same columns of the output
+projection's input; in multi-head attention it owns the same rows of the key and value projections.
+Under grouped-query attention a key/value head serves a group of query heads: it goes when the last
+of them goes, and every group must keep the same number of query heads, because the attention repeats
+each key/value head `group size` times (`validate_heads_to_prune` refuses any other plan, naming the
+layer; `pipeline.core.importance.select_heads` only makes valid ones). Pruning slices the rows out and
+updates the head-count attributes the module reshapes with. When every head of a site goes, its forward
+is replaced by one that returns only the output projection's bias, because the stock forwards reshape
+with `-1` and cannot run on zero heads.
 
-An FFN neuron i owns row i (and bias i) of the block's first linear and column i of its second.
-No family's FFN reshapes with its width, so a block with every neuron gone runs its stock forward:
-zero-width linears, whose output is the second linear's bias.
+An FFN neuron i owns output i of the block's input linears (one, or two in a gated block) and input i
+of its output linear. No family's FFN reshapes with its width, so a block with every neuron gone runs
+its stock forward: zero-width linears, whose output is the output linear's bias.
+
+GPT-2's `Conv1D` is a linear with its weight stored transposed (`[in, out]`); the slicing below
+handles both.
 """
 
 from __future__ import annotations
@@ -23,19 +30,45 @@ from torch import nn
 from pipeline.core.sites import AttentionSite, FeedForwardSite, attention_sites, ffn_sites
 
 
-def _keep_rows(linear: nn.Linear, index: torch.Tensor) -> None:
-    linear.weight = nn.Parameter(linear.weight.data.index_select(0, index).clone(),
-                                 requires_grad=linear.weight.requires_grad)
-    if linear.bias is not None:
-        linear.bias = nn.Parameter(linear.bias.data.index_select(0, index).clone(),
-                                   requires_grad=linear.bias.requires_grad)
-    linear.out_features = len(index)
+def _transposed(layer: nn.Module) -> bool:
+    """GPT-2's Conv1D stores its weight as `[in, out]`; nn.Linear as `[out, in]`."""
+    return not isinstance(layer, nn.Linear)
 
 
-def _keep_columns(linear: nn.Linear, index: torch.Tensor) -> None:
-    linear.weight = nn.Parameter(linear.weight.data.index_select(1, index).clone(),
-                                 requires_grad=linear.weight.requires_grad)
-    linear.in_features = len(index)
+def _keep_rows(layer: nn.Module, index: torch.Tensor) -> None:
+    """Keep the outputs `index` of a linear (and their biases)."""
+    layer.weight = nn.Parameter(layer.weight.data.index_select(1 if _transposed(layer) else 0, index).clone(),
+                                requires_grad=layer.weight.requires_grad)
+    if layer.bias is not None:
+        layer.bias = nn.Parameter(layer.bias.data.index_select(0, index).clone(),
+                                  requires_grad=layer.bias.requires_grad)
+    if _transposed(layer):
+        layer.nf = len(index)
+    else:
+        layer.out_features = len(index)
+
+
+def _keep_columns(layer: nn.Module, index: torch.Tensor) -> None:
+    """Keep the inputs `index` of a linear."""
+    layer.weight = nn.Parameter(layer.weight.data.index_select(0 if _transposed(layer) else 1, index).clone(),
+                                requires_grad=layer.weight.requires_grad)
+    if _transposed(layer):
+        layer.nx = len(index)
+        if not len(index):
+            # Conv1D flattens its input with view(-1, width), which a zero-width input cannot take.
+            layer.forward = types.MethodType(_bias_only, layer)
+    else:
+        layer.in_features = len(index)
+
+
+def _bias_only(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A linear with no inputs left: its output is its bias."""
+    return layer.bias.expand(*x.shape[:-1], layer.bias.shape[0])
+
+
+def _head_rows(positions: list[int], head_dim: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([pos * head_dim + i for pos in positions for i in range(head_dim)], dtype=torch.long,
+                        device=device)
 
 
 def _update_cache_with_no_heads(module: nn.Module, hidden_states: torch.Tensor, kwargs: dict) -> None:
@@ -114,11 +147,31 @@ def _validate_plan(units: Mapping[int, Iterable[int]], names: list[str], present
     return plan
 
 
+def kept_group_sizes(site: AttentionSite, removed: Iterable[int]) -> list[int]:
+    """How many query heads each key/value head of `site` would serve once the original heads `removed` go
+    (groups left empty are not listed: their key/value head goes too)."""
+    gone, size, sizes = set(removed), site.original_group_size, {}
+    for head in site.kept_heads:
+        if head not in gone:
+            sizes[head // size] = sizes.get(head // size, 0) + 1
+    return [sizes[kv] for kv in sorted(sizes)]
+
+
 def validate_heads_to_prune(sites: list[AttentionSite], heads: Mapping[int, Iterable[int]]) -> dict[int, list[int]]:
-    """Check a `{site_index: [original head index, ...]}` plan against the model; return it normalised."""
-    return _validate_plan(heads, [s.name for s in sites], [s.kept_heads for s in sites],
+    """Check a `{site_index: [original head index, ...]}` plan against the model; return it normalised.
+
+    Under grouped-query attention every key/value head must keep the same number of query heads (or none)."""
+    plan = _validate_plan(heads, [s.name for s in sites], [s.kept_heads for s in sites],
                           [s.original_num_heads for s in sites],
                           "attention sites", "head")
+    for site_index, removed in plan.items():
+        site = sites[site_index]
+        sizes = kept_group_sizes(site, removed)
+        if len(set(sizes)) > 1:
+            raise ValueError(f"site {site_index} ({site.name}): grouped-query attention needs every key/value head "
+                             f"to keep the same number of query heads, but this plan leaves groups of {sizes}; "
+                             f"remove the same number from each group (unit: query) or whole groups (unit: group)")
+    return plan
 
 
 def validate_neurons_to_prune(sites: list[FeedForwardSite], neurons: Mapping[int, Iterable[int]]
@@ -141,22 +194,38 @@ def prune_heads(model: nn.Module, heads: Mapping[int, Iterable[int]]) -> nn.Modu
         if not removed:
             continue
         site = sites[site_index]
-        present = site.kept_heads
-        if not hasattr(site.module, "original_num_heads"):
-            site.module.original_num_heads = site.num_heads
-            if site.layout.head_bias_arg is not None:
+        layout, module = site.layout, site.module
+        present, present_kv, width = site.kept_heads, site.kept_kv_heads, site.num_heads * site.head_dim
+        if not hasattr(module, "original_num_heads"):
+            module.original_num_heads = site.num_heads
+            module.original_group_size = site.original_group_size
+            if layout.head_bias_arg is not None:
                 _install_head_bias_selection(site)
         keep = [pos for pos, head in enumerate(present) if head not in removed]
+        kept = [present[pos] for pos in keep]
         d = site.head_dim
         device = site.out_proj.weight.device
-        index = torch.tensor([pos * d + i for pos in keep for i in range(d)], dtype=torch.long, device=device)
-        for projection in site.projections:
-            _keep_rows(projection, index)
-        _keep_columns(site.out_proj, index)
-        setattr(site.module, site.layout.num_heads_attr, len(keep))
-        if site.layout.inner_dim_attr:
-            setattr(site.module, site.layout.inner_dim_attr, len(keep) * d)
-        site.module.kept_heads = [present[pos] for pos in keep]
+        rows = _head_rows(keep, d, device)
+        query, key, value = site.projections
+        if layout.fused_qkv:  # [query | key | value], each `width` wide
+            _keep_rows(query, torch.cat([rows, rows + width, rows + 2 * width]))
+        elif layout.group_size_attr is None:
+            for projection in (query, key, value):
+                _keep_rows(projection, rows)
+        else:
+            kept_kv = {head // module.original_group_size for head in kept}
+            kv_rows = _head_rows([pos for pos, kv in enumerate(present_kv) if kv in kept_kv], d, device)
+            _keep_rows(query, rows)
+            _keep_rows(key, kv_rows)
+            _keep_rows(value, kv_rows)
+            if kept:
+                setattr(module, layout.group_size_attr, len(kept) // len(kept_kv))
+        _keep_columns(site.out_proj, rows)
+        if layout.num_heads_attr is not None:
+            setattr(module, layout.num_heads_attr, len(keep))
+        if layout.inner_dim_attr:
+            setattr(module, layout.inner_dim_attr, len(keep) * d)
+        module.kept_heads = kept
         if not keep:
             _install_empty_forward(site)
     return model
@@ -180,7 +249,8 @@ def prune_neurons(model: nn.Module, neurons: Mapping[int, Iterable[int]]) -> nn.
         site.fc_in.original_num_neurons = site.original_num_neurons
         keep = [pos for pos, neuron in enumerate(present) if neuron not in gone]
         index = torch.tensor(keep, dtype=torch.long, device=site.fc_in.weight.device)
-        _keep_rows(site.fc_in, index)
+        for fc in site.inputs:
+            _keep_rows(fc, index)
         _keep_columns(site.fc_out, index)
         site.fc_in.kept_neurons = [present[pos] for pos in keep]
     return model

@@ -24,6 +24,9 @@ ENCODER, DECODER, CROSS = "encoder", "decoder", "cross"
 KINDS = (ENCODER, DECODER, CROSS)
 KIND_LABELS = {ENCODER: "encoder self-attention", DECODER: "decoder self-attention", CROSS: "cross-attention"}
 CLASSIFICATION_METRICS = ("accuracy", "matthews", "f1")
+# What goes together under grouped-query attention (`prune.unit`): the same number of query heads from every
+# key/value group of a layer, or whole groups with their key/value head (pipeline/core/importance.py).
+HEAD_UNITS = ("query", "group")
 # --- where models run (the `runtime` params; pipeline/core/runtime.py maps them to torch) -------------
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = "auto, cpu, cuda or cuda:N"  # auto: the GPU when there is one

@@ -1,0 +1,320 @@
+"""Specification of the head-surgery core on decoder-only language models: Llama, Qwen2, Qwen3 and Mistral
+(grouped-query attention, head_dim != hidden / heads), OPT and GPT-2 (multi-head attention; GPT-2's fused
+Conv1D projections)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline.core.checkpoint import load_model, save_model, stock_config
+from pipeline.core.gates import head_gates, neuron_gates
+from pipeline.core.importance import per_example_loss, random_order, rank_heads, select_heads
+from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only
+from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.files.schema import PRUNING_FILE
+from tests.tiny_models import GQA, LM_FAMILIES, logits, randomize_biases, tiny_batch, tiny_model
+
+IMPLS = [(family, impl) for family in LM_FAMILIES for impl in ("sdpa", "eager")]
+
+
+def lm(family: str, impl: str = "sdpa"):
+    return randomize_biases(tiny_model(family, impl))
+
+
+def grouped_plan(model) -> dict[int, list[int]]:
+    """Layers pruned unequally and layer 1 emptied; every key/value group keeps as many query heads as the others:
+    layer 0 loses one query head from each group, layer 2 its first whole group."""
+    sites = attention_sites(model)
+    first_of_each = [site_groups[0] for site_groups in sites[0].head_groups]
+    return {0: first_of_each, 1: list(range(sites[1].num_heads)), 2: sites[2].head_groups[0]}
+
+
+def masked(model, plan: dict[int, list[int]]):
+    """A context in which the heads of `plan` are gated to zero."""
+    gates_cm = head_gates(model)
+    gates = gates_cm.__enter__()
+    for site, heads in plan.items():
+        gates[site][heads] = 0.0
+    return gates_cm
+
+
+# --- sites -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_sites_are_the_decoder_self_attentions_with_their_key_value_groups(family):
+    model = tiny_model(family)
+    sites = attention_sites(model)
+    assert [(s.kind, s.layer) for s in sites] == [("decoder", 0), ("decoder", 1), ("decoder", 2)]
+    assert is_decoder_only(model) and not is_decoder_only(tiny_model("marian"))
+    if family in GQA:
+        kv = 4 if family == "mistral" else 2
+        assert [(s.num_heads, s.num_kv_heads, s.head_dim) for s in sites] == [(8, kv, 6)] * 3
+        assert sites[0].head_groups == [list(range(g * 8 // kv, (g + 1) * 8 // kv)) for g in range(kv)]
+    else:
+        assert [(s.num_heads, s.num_kv_heads, s.head_dim) for s in sites] == [(4, 4, 8)] * 3
+        assert sites[0].head_groups == [[0], [1], [2], [3]]
+    assert [f.num_neurons for f in ffn_sites(model)] == [37] * 3
+    assert (ffn_sites(model)[0].fc_gate is not None) == (family in GQA)  # SwiGLU's gate_proj
+
+
+# --- gates and their gradients ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family,impl", IMPLS)
+def test_gates_at_one_are_bit_identical_to_no_gates(family, impl):
+    model, batch = lm(family, impl), tiny_batch(family)
+    reference = logits(model, batch)
+    with head_gates(model), neuron_gates(model):
+        assert torch.equal(logits(model, batch), reference)
+    with head_gates(model) as gates:
+        gates[0][1] = 0.0
+        assert not torch.allclose(logits(model, batch), reference)
+    assert torch.equal(logits(model, batch), reference)
+
+
+def in_float64(model):
+    """`model` in float64 throughout: RMSNorm (and eager attention's softmax) compute in float32 by design, which
+    would put float32 noise into the finite differences; these modules' float64 forwards are the same formula."""
+    model = model.double()
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(
+                lambda m, x: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon), module)
+    return model
+
+
+def _finite_difference(model, batch, gates, eps: float = 1e-6) -> torch.Tensor:
+    numeric = []
+    with torch.no_grad():
+        for gate in gates:
+            for h in range(gate.shape[-1]):
+                gate[..., h] += eps
+                up = per_example_loss(model, batch).sum()
+                gate[..., h] -= 2 * eps
+                down = per_example_loss(model, batch).sum()
+                gate[..., h] += eps
+                numeric.append((up - down) / (2 * eps))
+    return torch.stack(numeric)
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_head_and_neuron_gate_gradients_match_float64_central_finite_differences(family):
+    model, batch = in_float64(lm(family, "sdpa")), tiny_batch(family)
+    with head_gates(model, requires_grad=True) as heads, neuron_gates(model, requires_grad=True) as neurons:
+        per_example_loss(model, batch).sum().backward()
+        analytic = torch.cat([g.grad for g in [*heads, *neurons]])
+        numeric = _finite_difference(model, batch, [*heads, *neurons]).to(analytic.dtype)
+    assert analytic.abs().max() > 0
+    assert (analytic - numeric).norm() / numeric.norm() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_per_example_gates_give_each_examples_own_gradient_in_one_backward(family):
+    model, batch = in_float64(lm(family, "sdpa")), tiny_batch(family, batch_size=3)
+    with head_gates(model) as gates:
+        leaves = gates.per_example(3)
+        per_example_loss(model, batch).sum().backward()
+        batched = torch.stack([leaf.grad for leaf in leaves], dim=1)  # [batch, sites, heads]
+        for i in range(3):
+            single = {k: v[i : i + 1] for k, v in batch.items()}
+            ones = gates.per_example(1)
+            per_example_loss(model, single).sum().backward()
+            assert torch.allclose(batched[i], torch.stack([g.grad[0] for g in ones]), atol=1e-10)
+
+
+def test_the_loss_of_a_causal_lm_is_each_examples_mean_next_token_nll_with_padding_masked():
+    model, batch = lm("llama"), tiny_batch("llama", batch_size=3)
+    losses = per_example_loss(model, batch)
+    for i in range(3):
+        tokens = int(batch["attention_mask"][i].sum())
+        single = {"input_ids": batch["input_ids"][i : i + 1, :tokens], "labels": batch["input_ids"][i : i + 1, :tokens]}
+        assert torch.allclose(losses[i], model(**single).loss, atol=1e-6)  # Hugging Face's own shifted loss
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    first = F.cross_entropy(out[0, :-1], batch["input_ids"][0, 1:])
+    assert torch.allclose(losses[0], first, atol=1e-6)
+
+
+# --- physical pruning ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family,impl", IMPLS)
+def test_pruned_equals_gated_for_logits_greedy_and_beam_generation_with_the_kv_cache(family, impl):
+    model, batch = lm(family, impl), tiny_batch(family)
+    plan = grouped_plan(model)
+    prompt = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 6,
+              "do_sample": False, "pad_token_id": 0}
+    gates = masked(model, plan)
+    gated = logits(model, batch)
+    greedy = model.generate(**prompt, output_scores=True, return_dict_in_generate=True)
+    beam = model.generate(**prompt, num_beams=3)
+    gates.__exit__(None, None, None)
+    prune_heads(model, plan)
+    assert (logits(model, batch) - gated).abs().max() <= 1e-5
+    pruned = model.generate(**prompt, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(pruned.sequences, greedy.sequences)
+    assert max((a - b).abs().max() for a, b in zip(pruned.scores, greedy.scores, strict=True)) <= 1e-5
+    assert torch.equal(model.generate(**prompt, num_beams=3), beam)
+
+
+@pytest.mark.parametrize("family", sorted(GQA))
+def test_a_key_value_head_goes_with_the_last_query_head_of_its_group(family):
+    model = lm(family)
+    site = attention_sites(model)[2]
+    kv_before, rows = site.num_kv_heads, site.projections[1].out_features
+    prune_heads(model, {2: site.head_groups[0]})
+    site = attention_sites(model)[2]
+    assert site.num_kv_heads == kv_before - 1 == len(site.kept_kv_heads)
+    assert site.kept_kv_heads == list(range(1, kv_before))
+    assert site.projections[1].out_features == site.projections[2].out_features == rows - site.head_dim
+    # The attention repeats each key/value head as often as the kept query heads need.
+    assert site.module.num_key_value_groups == site.num_heads // site.num_kv_heads
+
+
+@pytest.mark.parametrize("family", sorted(GQA))
+def test_a_plan_that_leaves_unequal_groups_is_refused_naming_the_layer_and_sizes_and_changes_nothing(family):
+    model, batch = lm(family), tiny_batch(family)
+    before = logits(model, batch)
+    group = attention_sites(model)[1].head_groups[0]
+    sizes = [len(group) - 1] + [len(group)] * (attention_sites(model)[1].num_kv_heads - 1)
+    with pytest.raises(ValueError, match=re.escape(f"site 1 (decoder layer 1): grouped-query attention needs every "
+                                                   f"key/value head to keep the same number of query heads, but this "
+                                                   f"plan leaves groups of {sizes}")):
+        prune_heads(model, {0: attention_sites(model)[0].head_groups[0], 1: [group[0]]})
+    assert [s.num_heads for s in attention_sites(model)] == [8, 8, 8]
+    assert torch.equal(logits(model, batch), before)
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_pruning_gated_mlp_neurons_removes_their_rows_of_both_input_linears_and_columns_of_the_output(family):
+    model, batch = lm(family), tiny_batch(family)
+    plan = {0: [0, 5, 36], 1: list(range(37))}
+    with neuron_gates(model) as gates:
+        for site, neurons in plan.items():
+            gates[site][neurons] = 0.0
+        gated = logits(model, batch)
+    prune_neurons(model, plan)
+    assert (logits(model, batch) - gated).abs().max() <= 1e-5
+    site = ffn_sites(model)[0]
+    assert site.num_neurons == 34 and all(
+        (fc.weight.shape[0] if isinstance(fc, torch.nn.Linear) else fc.weight.shape[1]) == 34 for fc in site.inputs)
+
+
+# --- choosing heads in whole units -------------------------------------------------------------------------
+
+
+def test_unit_query_takes_the_same_number_of_query_heads_from_every_group_and_unit_group_whole_groups():
+    scores = [torch.tensor([0.1, 0.5, 0.2, 0.9, 0.3, 0.4, 0.8, 0.05]), torch.tensor([0.6, 0.7, 0.1, 0.2, 0.3, 0.9,
+                                                                                     0.4, 0.5])]
+    groups = [[[0, 1, 2, 3], [4, 5, 6, 7]]] * 2
+    query = rank_heads(scores, groups, "query")
+    # Layer 0's first unit: its lowest head of each group (0 and 7), 0.15 together; layer 1's: 2 and 4, 0.4.
+    assert query[:4] == [(0, 0), (0, 7), (1, 2), (1, 4)]
+    assert select_heads(query, [8, 8], 3, groups=groups) == {0: [0, 7]}  # whole units only: 2 of the 3
+    assert select_heads(query, [8, 8], 8, groups=groups) == {0: [0, 2, 4, 7], 1: [2, 3, 4, 6]}
+    group = rank_heads(scores, groups, "group")
+    # Group sums: layer 0 [1.7, 1.55], layer 1 [1.6, 2.1]: layer 0's second group goes first.
+    assert group[:4] == [(0, 4), (0, 5), (0, 6), (0, 7)]
+    assert select_heads(group, [8, 8], 8, groups=groups) == {0: [4, 5, 6, 7], 1: [0, 1, 2, 3]}
+    # uniform: the same count from every layer, so that every layer keeps one shape.
+    assert select_heads(query, [8, 8], 4, groups=groups, uniform=True) == {0: [0, 7], 1: [2, 4]}
+    assert select_heads(group, [8, 8], 4, groups=groups, uniform=True) == {}
+
+
+def test_multi_head_attention_ranks_and_selects_as_before_units_existed():
+    scores = [torch.tensor([0.3, 0.1, 0.2]), torch.tensor([0.05, 0.4, 0.25])]
+    assert rank_heads(scores) == [(1, 0), (0, 1), (0, 2), (1, 2), (0, 0), (1, 1)]
+    assert rank_heads(scores, [[[0], [1], [2]]] * 2, "group") == rank_heads(scores)
+    assert random_order([3, 3], seed=4) == random_order([3, 3], seed=4, groups=[[[0], [1], [2]]] * 2)
+
+
+@pytest.mark.parametrize("unit", ["query", "group"])
+@pytest.mark.parametrize("uniform", [False, True])
+def test_every_selection_of_importance_or_random_order_prunes_physically(unit, uniform):
+    model = lm("llama")
+    sites = attention_sites(model)
+    groups, num_heads = [s.head_groups for s in sites], [s.num_heads for s in sites]
+    scores = [torch.rand(n, generator=torch.Generator().manual_seed(i)) for i, n in enumerate(num_heads)]
+    for order in (rank_heads(scores, groups, unit), random_order(num_heads, 0, groups, unit)):
+        for count in range(0, sum(num_heads) + 1, 3):
+            plan = select_heads(order, num_heads, count, groups=groups, uniform=uniform)
+            assert count - sum(map(len, plan.values())) < (4 if unit == "group" else 2) * (3 if uniform else 1)
+            pruned = prune_heads(lm("llama"), plan)
+            if uniform:
+                assert len({s.num_heads for s in attention_sites(pruned)}) == 1
+
+
+# --- save and load -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_a_non_uniformly_pruned_model_round_trips_exactly_in_the_projects_format(family, tmp_path):
+    model, batch = lm(family), tiny_batch(family)
+    prune_neurons(prune_heads(model, grouped_plan(model)), {0: [1, 2], 2: [0]})
+    save_model(model, tmp_path / "m")
+    record = json.loads((tmp_path / "m" / PRUNING_FILE).read_text())
+    assert record["stock"] is False and "layers differ" in record["not_stock_because"]
+    loaded = load_model(tmp_path / "m")
+    assert [s.kept_heads for s in attention_sites(loaded)] == [s.kept_heads for s in attention_sites(model)]
+    assert torch.equal(logits(loaded, batch), logits(model, batch))
+
+
+UNIFORM = {  # per family, a uniform plan whose shape the family's own config describes
+    "llama": [0, 1, 4, 5],  # 4 of 8 query heads (4 divides hidden_size 32, as LlamaConfig demands), 2 KV heads
+    "qwen2": [0, 4],  # 6 query heads on 2 KV heads: Qwen2Config takes head_dim as given
+    "qwen3": [0, 1, 2, 3],  # one whole group: 4 query heads on 1 KV head
+    "mistral": [0, 1, 2, 3],  # two whole groups of 2: 4 query heads on 2 KV heads
+}
+
+
+@pytest.mark.parametrize("family", sorted(UNIFORM))
+def test_a_uniformly_pruned_gqa_model_loads_with_stock_from_pretrained_in_a_fresh_process(family, tmp_path):
+    model, batch = lm(family), tiny_batch(family)
+    prune_neurons(prune_heads(model, {s: UNIFORM[family] for s in range(3)}), {s: [3, 7] for s in range(3)})
+    save_model(model, tmp_path / "m")
+    assert json.loads((tmp_path / "m" / PRUNING_FILE).read_text())["stock"] is True
+    torch.save({"batch": batch, "logits": logits(model, batch)}, tmp_path / "expected.pt")
+    # No project code: a plain Python in another directory, transformers alone.
+    script = ("import sys, torch, transformers\n"
+              "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
+              "expected = torch.load(sys.argv[2])\n"
+              "batch = {k: v for k, v in expected['batch'].items() if k != 'labels'}\n"
+              "with torch.no_grad():\n"
+              "    assert torch.equal(model(**batch).logits, expected['logits'])\n"
+              "print(type(model).__name__, model.config.num_attention_heads, model.config.num_key_value_heads)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "m"), str(tmp_path / "expected.pt")],
+                          cwd=tmp_path, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin",
+                                                                               "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[1:] == [str(8 - len(UNIFORM[family])), str(attention_sites(model)[0].num_kv_heads)]
+    # And this project reads it back with the original indices, so later plans still name original heads.
+    loaded = load_model(tmp_path / "m")
+    assert [s.kept_heads for s in attention_sites(loaded)] == [s.kept_heads for s in attention_sites(model)]
+    assert [f.kept_neurons for f in ffn_sites(loaded)] == [f.kept_neurons for f in ffn_sites(model)]
+    site = attention_sites(loaded)[0]
+    later = {0: [site.kept_heads[group[0]] for group in site.head_groups]}
+    assert torch.equal(logits(prune_heads(loaded, later), batch), logits(prune_heads(model, later), batch))
+
+
+@pytest.mark.parametrize("family,why", [
+    ("llama", r"LlamaConfig refuses .*'num_attention_heads': 6.*not a multiple of the number of attention heads"),
+    ("gpt2", r"GPT2Config refuses .*'n_head': 3"),
+    ("opt", r"OPTConfig refuses .*'num_attention_heads': 3"),
+])
+def test_a_shape_the_family_config_cannot_say_is_saved_in_the_projects_format_with_the_reason(family, why, tmp_path):
+    model, batch = lm(family), tiny_batch(family)
+    plan = {s: [0, 4] for s in range(3)} if family == "llama" else {s: [0] for s in range(3)}
+    prune_heads(model, plan)
+    config, reason = stock_config(model)
+    assert config is None and re.search(why, reason), reason
+    save_model(model, tmp_path / "m")
+    assert json.loads((tmp_path / "m" / PRUNING_FILE).read_text())["not_stock_because"] == reason
+    assert torch.equal(logits(load_model(tmp_path / "m"), batch), logits(model, batch))
