@@ -22,11 +22,12 @@ import pandas as pd
 from pipeline.core.importance import rank_heads, select_heads
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE
+from pipeline.files.schema import BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE, tolerance_text
 from pipeline.methods.comparison import LatencyShape, budgeted_comparison, empty_budgeted_table
 from pipeline.methods.pruning import (
     CurveEvaluator,
     checkpoint_curves,
+    head_groups,
     heads_for,
     importance_by_site,
     kind_curves,
@@ -68,13 +69,14 @@ def prune(exp: Experiment) -> None:
     counts = [heads_for(level, total) for level in levels]
     evaluator = CurveEvaluator(model, evals, probe)
     importance = importance_by_site(model, exp.reports / "importance.csv")
-    order = rank_heads(importance)
+    groups = head_groups(model)  # None but under grouped-query attention
+    order = rank_heads(importance, groups, pp.unit)
 
     for fraction in pp.save_fractions:  # for the recover and benchmark stages
-        plan = select_heads(order, num_heads, heads_for(fraction, total), pp.min_heads_per_layer)
+        plan = select_heads(order, num_heads, heads_for(fraction, total), pp.min_heads_per_layer, groups)
         exp.save(pruned_copy(model, plan), exp.pruned_dir(fraction))
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, pp.min_heads_per_layer,
-                          exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
+                          exp.score_batches() if pp.reestimate else None, p.score.normalize_p, pp.unit)
     summary: dict = {}
     if exp.is_translation and pp.by_kind:
         curves += kind_curves(evaluator, order, levels, pp.min_heads_per_layer)
@@ -113,8 +115,9 @@ def prune(exp: Experiment) -> None:
             summary["budgeted"]["latency_table"] = result.latency_table
     write_csv(exp.reports / "budgeted_curve.csv", budgeted_table)
     write_json(exp.reports / "prune.json", summary)
-    log.info("prune: within 1 point of unpruned, %s of heads can go (importance order)",
-             ", ".join(f"{100 * summary[s]['prunable_fraction_within_1pt']:.0f}% on {s}" for s in evals))
+    prunable = ", ".join(f"{100 * summary[s]['prunable_fraction_within_1pt']:.0f}% on {s}" for s in evals)
+    log.info("prune: within %s of unpruned, %s of heads can go (importance order)",
+             tolerance_text(exp.task()["metric"]), prunable)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from pipeline.core.flops import forward_flops
 from pipeline.core.importance import (
+    Groups,
     Head,
     head_importance,
     normalize_per_layer,
@@ -53,18 +54,25 @@ def pruned_copy(model: nn.Module, plan: Mapping[int, Sequence[int]]) -> nn.Modul
     return prune_heads(copy.deepcopy(model), plan)
 
 
+def head_groups(model: nn.Module) -> Groups | None:
+    """Each site's key/value groups (positions of the query heads each key/value head serves) under grouped-query
+    attention; None under multi-head attention, where every head is a group of its own."""
+    groups = [site.head_groups for site in attention_sites(model)]
+    return groups if any(len(group) > 1 for site in groups for group in site) else None
+
+
 def plans_from_order(order: Sequence[Head], num_heads: Sequence[int], counts: Sequence[int],
-                     min_heads_per_site: int = 0) -> Iterator[Plan]:
+                     min_heads_per_site: int = 0, groups: Groups | None = None) -> Iterator[Plan]:
     for count in counts:
-        yield select_heads(order, num_heads, count, min_heads_per_site)
+        yield select_heads(order, num_heads, count, min_heads_per_site, groups)
 
 
 def reestimated_plans(
     model: nn.Module, score_batches: Sequence[Mapping[str, torch.Tensor]], counts: Sequence[int],
-    normalize_p: float | None, min_heads_per_site: int = 0,
+    normalize_p: float | None, min_heads_per_site: int = 0, unit: str = "query",
 ) -> Iterator[Plan]:
     """The paper's `--exact_pruning`: before each step, re-score the heads of the model pruned so far
-    and remove the next least important ones."""
+    and remove the next least important ones (in whole `unit`s under grouped-query attention)."""
     removed: Plan = {}
     for count in counts:
         need = count - sum(len(h) for h in removed.values())
@@ -73,7 +81,9 @@ def reestimated_plans(
             sites = attention_sites(current)
             scores = normalize_per_layer(head_importance(current, score_batches, progress=False), normalize_p)
             # Scores index the heads still present; kept_heads maps those positions to original indices.
-            step = select_heads(rank_heads(scores), [site.num_heads for site in sites], need, min_heads_per_site)
+            groups = head_groups(current)
+            step = select_heads(rank_heads(scores, groups, unit), [site.num_heads for site in sites], need,
+                                min_heads_per_site, groups)
             for s, positions in step.items():
                 removed[s] = sorted(removed.get(s, []) + [sites[s].kept_heads[p] for p in positions])
         yield {s: list(h) for s, h in removed.items()}
@@ -138,17 +148,19 @@ def importance_by_site(model: nn.Module, path: Path) -> list[torch.Tensor]:
 def paper_curves(
     evaluator: CurveEvaluator, order: Sequence[Head], counts: Sequence[int], random_seeds: Sequence[int],
     min_heads_per_site: int = 0, reestimate_batches: Sequence[Mapping[str, torch.Tensor]] | None = None,
-    normalize_p: float | None = 2.0,
+    normalize_p: float | None = 2.0, unit: str = "query",
 ) -> list[pd.DataFrame]:
     """Figures 3/4: heads removed in importance order (one-shot), re-estimated before every step (when
-    `reestimate_batches` are given), and in random orders (the mean over `random_seeds`)."""
+    `reestimate_batches` are given), and in random orders (the mean over `random_seeds`). Under grouped-query
+    attention `order` lists whole `unit`s (rank_heads), and so do the random orders."""
     num_heads = [site.num_heads for site in attention_sites(evaluator.model)]
-    curves = [evaluator.curve(IMPORTANCE, plans_from_order(order, num_heads, counts, min_heads_per_site))]
+    groups = head_groups(evaluator.model)
+    curves = [evaluator.curve(IMPORTANCE, plans_from_order(order, num_heads, counts, min_heads_per_site, groups))]
     if reestimate_batches is not None:
-        plans = reestimated_plans(evaluator.model, reestimate_batches, counts, normalize_p, min_heads_per_site)
+        plans = reestimated_plans(evaluator.model, reestimate_batches, counts, normalize_p, min_heads_per_site, unit)
         curves.append(evaluator.curve(REESTIMATED, plans))
-    randoms = [evaluator.curve(RANDOM, plans_from_order(random_order(num_heads, seed), num_heads, counts,
-                                                        min_heads_per_site))
+    randoms = [evaluator.curve(RANDOM, plans_from_order(random_order(num_heads, seed, groups, unit), num_heads, counts,
+                                                        min_heads_per_site, groups))
                for seed in random_seeds]
     curves.append(mean_over_seeds(randoms, RANDOM))
     return curves
