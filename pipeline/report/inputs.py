@@ -182,7 +182,9 @@ class Inputs:
             if df is not None:
                 present |= set(df["kind"])
         methods = set(self.curve["method"]) if self.curve is not None else set()
-        return self.is_bleu or bool(present & {DECODER, CROSS}) or bool(methods & KIND_METHODS.keys())
+        # Decoder self-attention alone is a decoder-only language model, not an encoder-decoder.
+        return (self.is_bleu or CROSS in present or {ENCODER, DECODER} <= present
+                or bool(methods & KIND_METHODS.keys()))
 
     @property
     def task(self) -> str | None:
