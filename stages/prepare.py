@@ -19,7 +19,7 @@ from pathlib import Path
 import datasets
 
 from pipeline.files.atomic import staged_dir, write_json
-from pipeline.files.schema import DEFAULT, LANGUAGE_MODELING, PERPLEXITY, SCRATCH, TASK_FILE
+from pipeline.files.schema import BLEU, DEFAULT, LANGUAGE_MODELING, PERPLEXITY, SCRATCH, TASK_FILE, TRANSLATION
 from pipeline.lm.llama import llama_config
 from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
@@ -85,7 +85,7 @@ def translation(exp: Experiment) -> None:
         model_name = m.name_or_path
     tokenized = tokenize_pairs(raw, exp.tokenizer(), d.max_length)
     data_name = MT_DATA_NAME if d.source == DEFAULT else d.source
-    save_splits(exp, tokenized, {"task": "translation", "metric": "bleu", "model": model_name, "data": data_name,
+    save_splits(exp, tokenized, {"task": TRANSLATION, "metric": BLEU, "model": model_name, "data": data_name,
                                  "data_attribution": MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
     log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in tokenized.items()})
 
@@ -135,7 +135,7 @@ def fairseq(exp: Experiment) -> None:
     except ValueError as error:
         raise SystemExit(f"error: data.references: {error}") from None
     data_name = f"{m.data_bin} ({source_lang}-{target_lang})"
-    save_splits(exp, splits, {"task": "translation", "metric": "bleu", "model": fb.describe(model, m.checkpoint),
+    save_splits(exp, splits, {"task": TRANSLATION, "metric": BLEU, "model": fb.describe(model, m.checkpoint),
                               "data": data_name, "data_attribution": None, "target_lang": target_lang,
                               "pad_token_id": model.config.pad_token_id})
     log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in splits.items()})
