@@ -372,3 +372,23 @@ def test_finetune_trains_from_scratch_and_saves_a_model_the_later_stages_load(pr
     monkeypatch.chdir(prepared)
     model = exp.load(exp.finetuned_dir)
     assert exp.lm_eval("test")(model)[0] == pytest.approx(metrics["test"], rel=1e-5)
+
+
+def test_a_pretrained_model_is_only_evaluated(tmp_path, tokenizer, model, monkeypatch):
+    from pipeline.run.experiment import Experiment
+
+    model.save_pretrained(tmp_path / "pretrained")
+    tokenizer.save_pretrained(tmp_path / "pretrained")
+    params = tiny_lm_params()
+    params["model"] = {"name_or_path": str(tmp_path / "pretrained"), "attn_implementation": "sdpa",
+                       "trust_remote_code": False}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (tmp_path / "corpus.txt").write_text("\n".join(corpus(200)) + "\n")
+    for stage in ("prepare", "finetune"):
+        result = run_stage(stage, tmp_path)
+        assert result.returncode == 0, result.stderr
+    metrics = yaml.safe_load((tmp_path / "reports/tiny-lm/finetune.json").read_text())
+    assert metrics["train_steps"] == 0 and metrics["model"] == str(tmp_path / "pretrained")
+    monkeypatch.chdir(tmp_path)
+    exp = Experiment(parse_params(params))
+    assert exp.lm_eval("test")(model)[0] == pytest.approx(metrics["test"], rel=1e-5)
