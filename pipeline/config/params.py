@@ -151,10 +151,6 @@ class BudgetedParams(Section):
 
 class PruneParams(Section):
     step: float = Field(0.1, gt=0, le=0.5)
-    # Grouped-query attention only (no effect on multi-head attention): "query" removes the same number of query
-    # heads from every key/value group of a layer (a key/value head goes with its last query head); "group" removes
-    # whole groups, key/value head and all.
-    unit: Literal[HEAD_UNITS] = "query"
     max_fraction: float = Field(0.9, gt=0, lt=1)
     reestimate: bool = True
     random_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
@@ -163,6 +159,10 @@ class PruneParams(Section):
     max_examples: int | None = Field(300, ge=10)
     # Physically pruned models are saved at these fractions, for the recover and benchmark stages.
     save_fractions: list[float] = Field(default_factory=lambda: [0.3, 0.5, 0.7])
+    # Grouped-query attention only (no effect on multi-head attention): "query" removes the same number of query
+    # heads from every key/value group of a layer (a key/value head goes with its last query head); "group" removes
+    # whole groups, key/value head and all.
+    unit: Literal[HEAD_UNITS] = "query"
     budgeted: BudgetedParams = BudgetedParams()
 
     @model_validator(mode="after")
