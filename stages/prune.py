@@ -4,7 +4,8 @@ Beyond the paper: heads and FFN neurons pruned under a FLOP or latency budget wi
 al., 2022), against the paper's order at equal cost (prune.budgeted).
 
 Translation, on test only (decoding is the cost): also each attention kind pruned alone (Figure 5) and
-every saved training checkpoint pruned by its own importance (Figure 6).
+every saved training checkpoint pruned by its own importance (Figure 6). Language modelling: perplexity on dev
+and test, within tolerance meaning at most 5% above the unpruned model's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pipeline.core.checkpoint import stock_config
 from pipeline.core.importance import HeadChoice
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import BUDGETED_TUNED, IMPORTANCE
+from pipeline.files.schema import BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE, tolerance_text
 from pipeline.methods.comparison import LatencyShape, budgeted_comparison, empty_budgeted_table
 from pipeline.methods.pruning import (
     CurveEvaluator,
@@ -44,6 +45,8 @@ def sweep_evals(exp: Experiment, max_examples: int | None) -> dict:
     """The evaluations of every pruned model: BLEU on test (translation), or the metric on dev and test."""
     if exp.is_translation:
         return {"test": exp.translation_eval("test", max_examples)}
+    if exp.is_language_modeling:
+        return {split: exp.lm_eval(split, max_examples) for split in EVAL_SPLITS}
     sets = exp.eval_sets(max_examples=max_examples)
     return {split: ClassificationEval(eval_set, exp.task()["metric"], exp.runtime) for split, eval_set in sets.items()}
 
@@ -59,7 +62,7 @@ def prune(exp: Experiment) -> None:
     model = exp.load(exp.finetuned_dir)
     evals = sweep_evals(exp, pp.max_examples)
     # A short batch to count FLOPs on: its length sets the attention's share of them.
-    probe_batch = exp.score_batches()[0] if exp.is_translation else next(iter(evals.values())).eval_set.batches[0]
+    probe_batch = next(iter(evals.values())).eval_set.batches[0] if exp.is_classification else exp.score_batches()[0]
     probe = {k: v[:8] for k, v in probe_batch.items()}
     sites = attention_sites(model)
     total = sum(site.num_heads for site in sites)
@@ -97,7 +100,7 @@ def prune(exp: Experiment) -> None:
     table = pd.concat(curves, ignore_index=True)
     write_csv(exp.reports / "pruning_curve.csv", table)
     for split in evals:
-        fraction, metric, base = prunable_fraction(table, IMPORTANCE, split)
+        fraction, metric, base = prunable_fraction(table, IMPORTANCE, split, exp.task()["metric"])
         summary[split] = {"prunable_fraction_within_1pt": fraction, "metric_at_prunable": metric, "unpruned": base}
 
     b = pp.budgeted
@@ -123,8 +126,9 @@ def prune(exp: Experiment) -> None:
             summary["budgeted"]["latency_table"] = result.latency_table
     write_csv(exp.reports / "budgeted_curve.csv", budgeted_table)
     write_json(exp.reports / "prune.json", summary)
-    log.info("prune: within 1 point of unpruned, %s of heads can go (importance order)",
-             ", ".join(f"{100 * summary[s]['prunable_fraction_within_1pt']:.0f}% on {s}" for s in evals))
+    prunable = ", ".join(f"{100 * summary[s]['prunable_fraction_within_1pt']:.0f}% on {s}" for s in evals)
+    log.info("prune: within %s of unpruned, %s of heads can go (importance order)",
+             tolerance_text(exp.task()["metric"]), prunable)
 
 
 if __name__ == "__main__":

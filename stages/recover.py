@@ -1,4 +1,5 @@
-"""Stage recover: fine-tune the physically pruned models briefly and measure what comes back."""
+"""Stage recover: fine-tune the physically pruned models briefly and measure what comes back (language models: a
+few more steps of their training objective, perplexity on test)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,33 @@ if __name__ == "__main__":  # the params in a second or two, before the imports 
 import pandas as pd
 
 from pipeline.files.atomic import write_csv
+from pipeline.lm.training import LanguageModelTrainConfig, train_language_model
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import evaluate
 from pipeline.training.classification import TrainConfig, finetune
 
 
+def language_modeling(exp: Experiment) -> list[dict]:
+    p, r = exp.params, exp.params.recover
+    train, test = exp.split("train")["input_ids"][:], exp.lm_eval("test")
+    config = LanguageModelTrainConfig(steps=r.steps, batch_size=r.batch_size, learning_rate=r.learning_rate,
+                                      warmup_steps=r.warmup_steps, weight_decay=r.weight_decay, seed=p.seed)
+    rows = []
+    for fraction in p.prune.save_fractions:
+        model = exp.load(exp.pruned_dir(fraction))
+        before = test(model)[0]
+        train_language_model(model, train, exp.pad_token_id, config, runtime=exp.runtime)
+        rows.append(dict(fraction_pruned=fraction, metric_before=before, metric_after=test(model)[0]))
+        log.info("recover: %.0f%% pruned, test perplexity %.2f -> %.2f after %d steps", 100 * fraction, before,
+                 rows[-1]["metric_after"], r.steps)
+    return rows
+
+
 def main() -> None:
     exp = Experiment.from_cli()
+    if exp.is_language_modeling:
+        write_csv(exp.reports / "recovery.csv", pd.DataFrame(language_modeling(exp)))
+        return
     p, task = exp.params, exp.task()
     r = p.recover
     train, tokenizer = exp.splits()["train"], exp.tokenizer()

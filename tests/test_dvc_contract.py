@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPELINES = ("dvc.yaml", "mt/dvc.yaml", "mt-fairseq/dvc.yaml")
+PIPELINES = ("dvc.yaml", "mt/dvc.yaml", "mt-fairseq/dvc.yaml", "llm/dvc.yaml")
 PROJECT_PACKAGES = ("pipeline", "stages")
 
 # Bottom to top: a sub-package may import the ones before it, never one after it.
-LAYERS = ("files", "config", "core", "tasks", "training", "mt", "backends", "methods", "run", "report", "flows",
+LAYERS = ("files", "config", "core", "tasks", "training", "mt", "lm", "backends", "methods", "run", "report", "flows",
           "checks")
 
 
@@ -106,7 +106,7 @@ IDS = [f"{pipeline}:{name}" for pipeline, name, _ in STAGES]
 
 def test_every_pipeline_file_is_checked() -> None:
     assert {p for p, _, _ in STAGES} == set(PIPELINES)
-    assert len(STAGES) == 22
+    assert len(STAGES) == 30  # 8 classification, 7 MT, 7 fairseq MT, 8 LM
 
 
 @pytest.mark.parametrize(("pipeline", "name", "stage"), STAGES, ids=IDS)

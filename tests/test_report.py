@@ -138,12 +138,12 @@ def test_prunable_fraction_stops_at_first_drop() -> None:
     curve = pd.DataFrame(
         {"method": "importance", "split": "test", "fraction_pruned": FRACTIONS, "metric": IMPORTANCE_TEST}
     )
-    frac, metric, base = prunable_fraction(curve, "importance", "test")
+    frac, metric, base = prunable_fraction(curve, "importance", "test", "accuracy")
     assert (frac, metric, base) == (0.3, 83.7, 84.6)
     # Exactly 1 point lost still counts as "within 1 point".
     curve.loc[4, "metric"] = 83.6
-    assert prunable_fraction(curve, "importance", "test")[0] == pytest.approx(0.5)
-    assert prunable_fraction(curve[curve["fraction_pruned"] > 0], "importance", "test") is None
+    assert prunable_fraction(curve, "importance", "test", "accuracy")[0] == pytest.approx(0.5)
+    assert prunable_fraction(curve[curve["fraction_pruned"] > 0], "importance", "test", "accuracy") is None
 
 
 def test_importance_not_always_better_than_random(tmp_path: Path) -> None:

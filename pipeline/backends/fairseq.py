@@ -37,7 +37,7 @@ from pipeline.core.checkpoint import apply_pruning_record, check_pruned_shapes, 
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import UnsupportedModelError
 from pipeline.files.atomic import write_bytes
-from pipeline.files.schema import EVAL_SPLITS, SPLITS
+from pipeline.files.schema import BLEU, EVAL_SPLITS, SPLITS
 from pipeline.mt.bleu import bleu, bleu_paired_pvalue
 from pipeline.mt.marian import collate_pairs, decoder_inputs
 
@@ -472,6 +472,8 @@ class FairseqTranslationEval:
 
     `references` are detokenised text; `post_process` turns hypotheses into the same form.
     """
+
+    metric = BLEU
 
     def __init__(self, sources: Sequence[torch.Tensor], references: Sequence[str], beam: int = 1,
                  batch_size: int = 64, max_len_a: float = 1.2, max_len_b: int = 10, post_process: str | None = None,

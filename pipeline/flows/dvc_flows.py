@@ -43,6 +43,7 @@ from ruamel.yaml import YAML  # noqa: E402
 
 from pipeline.config.params import ParamsError, parse_params  # noqa: E402
 from pipeline.files.atomic import staged_dir, write_csv, write_text  # noqa: E402
+from pipeline.files.schema import CLASSIFICATION, TASK_PIPELINES, TRANSLATION  # noqa: E402
 
 # The DVC remote that workers share, as a URL (s3://bucket/path, a local folder in tests); a flow's
 # `dvc_remote` parameter takes precedence. It is registered in each workspace as the remote "flows".
@@ -122,15 +123,15 @@ def experiment_params(source: Path, overrides: Mapping[str, Any], task: str | No
     params = parse_params(yaml.safe_load(text))
     if task is not None and params.task != task:
         raise ParamsError(f"{source}: a {params.task} experiment, but the pipeline runs {task} experiments; give "
-                          f"--pipeline {'dvc.yaml' if params.task == 'classification' else 'mt/dvc.yaml'} "
-                          f"(mt-fairseq/dvc.yaml for a fairseq checkpoint)")
+                          f"--pipeline {TASK_PIPELINES[params.task]}"
+                          f"{' (mt-fairseq/dvc.yaml for a fairseq checkpoint)' if params.task == TRANSLATION else ''}")
     return text
 
 
 def pipeline_task(workspace: Path, pipeline: str) -> str | None:
     """The task of the experiments `pipeline` runs: that of the params.yaml beside it (None if there is none)."""
     beside = workspace / Path(pipeline).parent / "params.yaml"
-    return (yaml.safe_load(beside.read_text()) or {}).get("task", "classification") if beside.is_file() else None
+    return (yaml.safe_load(beside.read_text()) or {}).get("task", CLASSIFICATION) if beside.is_file() else None
 
 
 def use_params_file(workspace: Path, pipeline: str, source: str | None, overrides: Mapping[str, Any]) -> None:
@@ -277,7 +278,7 @@ def experiment(overrides: dict[str, Any] | None = None, workspace: str = ".", pi
 
     `params_file` (relative to the workspace, e.g. experiments/bert-base-mnli.yaml) replaces the pipeline's
     params.yaml first; then `overrides` ({"prune.step": 0.05}) are written into it, as `dvc exp run -S` does.
-    `pipeline` is dvc.yaml (classification) or mt/dvc.yaml (translation), with params.yaml beside it.
+    `pipeline` is one of TASK_PIPELINES (dvc.yaml, mt/dvc.yaml, llm/dvc.yaml), with params.yaml beside it.
     `ablate_workers` > 1 shards the single-head ablation over Dask workers (the result is identical).
     `env` is added to every stage's environment (a sweep member's CUDA_VISIBLE_DEVICES).
     """
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     many.add_argument("--workers", type=int, default=2, help="Dask LocalCluster workers (without an address)")
     many.add_argument("--address", help="a Dask scheduler's address (default: $DASK_SCHEDULER_ADDRESS)")
     for sub in (one, many):
-        sub.add_argument("--pipeline", default="dvc.yaml", help="dvc.yaml, or mt/dvc.yaml for translation")
+        sub.add_argument("--pipeline", default="dvc.yaml", help=", ".join(TASK_PIPELINES.values()))
         sub.add_argument("--dvc-remote", help=f"a DVC remote URL workers share (default: ${REMOTE_ENV})")
         sub.add_argument("--retries", type=int, default=2, help="retries of a failed stage")
     args = parser.parse_args(argv)

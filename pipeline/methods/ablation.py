@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from pipeline.core.gates import head_gates
 from pipeline.core.sites import attention_sites, layer_stack
+from pipeline.files.schema import improvement
 from pipeline.tasks.evaluation import ClassificationEval, EvalSet, TaskEval
 
 
@@ -85,6 +86,8 @@ def ablation_tables(
 
     ablation: kind, layer, head, metric, delta, p_value (paired bootstrap against the full model).
     one_head: kind, layer, best_head, metric, delta (the best single head kept in that layer).
+    delta is the change against the full model in the metric's good direction (`schema.improvement`): positive
+    is better, also for a lower-is-better metric such as perplexity.
     `task_eval` is a `ClassificationEval` or a `TranslationEval` (BLEU).
     `site_indices` restricts the tables to those attention sites (a shard): a site's rows depend only on
     the site and the seed, so shards concatenated in site order equal the whole table.
@@ -114,17 +117,17 @@ def ablation_tables(
                 score, masked_outputs = task_eval(model)
                 p = task_eval.pvalue(masked_outputs, base_outputs, n_resamples, seed)
                 ablation_rows.append(dict(kind=site.kind, layer=site.layer, head=head, metric=score,
-                                          delta=score - base, p_value=p))
+                                          delta=improvement(task_eval.metric, score, base), p_value=p))
                 bar.update()
             for head in range(site.num_heads):
                 gates[index] = torch.zeros_like(gates[index])
                 gates[index][head] = 1.0
                 score = task_eval(model)[0]
-                if best is None or score > best[1]:
+                if best is None or improvement(task_eval.metric, score, best[1]) > 0:
                     best = (head, score)
                 bar.update()
             one_head_rows.append(dict(kind=site.kind, layer=site.layer, best_head=best[0], metric=best[1],
-                                      delta=best[1] - base))
+                                      delta=improvement(task_eval.metric, best[1], base)))
     bar.close()
     return pd.DataFrame(ablation_rows), pd.DataFrame(one_head_rows)
 

@@ -26,7 +26,7 @@ from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice, head_import
 from pipeline.core.sites import AttentionSite, attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.files.artifacts import DamagedArtifact, read_table
-from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, TOLERANCE, checkpoint_method, kind_method
+from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, checkpoint_method, kind_method, within_tolerance
 from pipeline.methods.criteria import head_scores
 from pipeline.tasks.evaluation import TaskEval
 
@@ -58,7 +58,7 @@ def reestimated_plans(
     normalize_p: float | None, choice: HeadChoice = PAPER_CHOICE,
 ) -> Iterator[Plan]:
     """The paper's `--exact_pruning`: before each step, re-score the heads of the model pruned so far
-    and remove the next least important ones."""
+    and remove the next least important ones (in whole `unit`s under grouped-query attention)."""
     removed: Plan = {}
     for count in counts:
         need = count - sum(len(h) for h in removed.values())
@@ -213,10 +213,9 @@ def mean_over_seeds(curves: Sequence[pd.DataFrame], method: str) -> pd.DataFrame
     return out
 
 
-def prunable_fraction(
-    curve: pd.DataFrame, method: str, split: str, tolerance: float = TOLERANCE
-) -> tuple[float, float, float] | None:
-    """Largest share of heads pruned with every level up to it within `tolerance` of the unpruned metric.
+def prunable_fraction(curve: pd.DataFrame, method: str, split: str, metric: str) -> tuple[float, float, float] | None:
+    """Largest share of heads pruned with every level up to it within the tolerance of the unpruned `metric`
+    (`schema.within_tolerance`: 1 point, or a 5% rise in perplexity).
 
     Returns (fraction, metric at that fraction, unpruned metric), or None without a fraction-0 row.
     Levels are walked in order and the walk stops at the first one that loses more than the tolerance,
@@ -229,7 +228,7 @@ def prunable_fraction(
     base = float(unpruned["metric"].mean())  # all methods agree at 0% pruned
     best = (0.0, base, base)
     for r in rows.itertuples():
-        if r.metric < base - tolerance - 1e-9:
+        if not within_tolerance(metric, r.metric, base):
             break
         best = (float(r.fraction_pruned), float(r.metric), base)
     return best

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 from transformers import MarianMTModel, PreTrainedTokenizerBase
 
 from pipeline.core.runtime import CPU_FP32, Runtime
+from pipeline.files.schema import BLEU
 from pipeline.mt.bleu import bleu, bleu_paired_pvalue, check_lengths
 
 
@@ -60,6 +61,8 @@ class TranslationEval:
     The outputs are the hypotheses, so the paired bootstrap compares two models' translations of the
     same sentences.
     """
+
+    metric = BLEU
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, sources: Sequence[str], references: Sequence[str],
                  num_beams: int = 1, batch_size: int = 64, max_new_tokens: int = 64, runtime: Runtime = CPU_FP32):

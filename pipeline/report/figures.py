@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipeline.files.schema import KIND_LABELS, RANDOM, TOLERANCE  # noqa: E402
+from pipeline.files.schema import KIND_LABELS, LOWER_IS_BETTER, RANDOM, tolerance_text, worst_acceptable  # noqa: E402
 from pipeline.report.inputs import Inputs, budgeted_at, checkpoint_of, splits_in, unpruned  # noqa: E402
 
 
@@ -37,7 +37,9 @@ def _style(method: str, index: int, n_dynamics: int = 0) -> dict:
 
 
 def _tolerance_line(ax: plt.Axes, base: float, inp: Inputs) -> None:
-    ax.axhline(base - TOLERANCE, color="0.6", lw=0.8, ls=":", label=f"unpruned - {TOLERANCE:g} {inp.point}")
+    sign = "+" if inp.metric in LOWER_IS_BETTER else "-"
+    ax.axhline(worst_acceptable(inp.metric, base), color="0.6", lw=0.8, ls=":",
+               label=f"unpruned {sign} {tolerance_text(inp.metric, inp.point)}")
 
 
 def heatmaps(

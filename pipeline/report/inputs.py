@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.files.artifacts import read_table, reading
-from pipeline.files.schema import BLEU, EVAL_SPLITS, KINDS, checkpoint_method, kind_method
+from pipeline.files.schema import BLEU, EVAL_SPLITS, KINDS, LOWER_IS_BETTER, checkpoint_method, kind_method
 
 ENCODER, DECODER, CROSS = KINDS
 DEV, TEST = EVAL_SPLITS  # the headline numbers are on test, as the paper's are
@@ -138,8 +138,13 @@ class Inputs:
         )
 
     @property
+    def metric(self) -> str:
+        """finetune.json's metric, the key of its direction and tolerance (files/schema.py); "" when unknown."""
+        return str((self.finetune or {}).get("metric", "")).lower()
+
+    @property
     def is_bleu(self) -> bool:
-        return str((self.finetune or {}).get("metric", "")).lower() == BLEU
+        return self.metric == BLEU
 
     @property
     def metric_name(self) -> str:
@@ -148,15 +153,28 @@ class Inputs:
     @property
     def metric_label(self) -> str:
         """Axis label with unit."""
+        if self.metric in LOWER_IS_BETTER:
+            return f"{self.metric_name} (lower is better)"
         return "BLEU" if self.is_bleu else f"{self.metric_name} (%)"
 
     @property
     def points(self) -> str:
+        if self.metric in LOWER_IS_BETTER:
+            return self.metric_name  # "-3.1 perplexity": perplexity has no points
         return "BLEU points" if self.is_bleu else "points"
 
     @property
     def point(self) -> str:
+        if self.metric in LOWER_IS_BETTER:
+            return self.metric_name
         return "BLEU point" if self.is_bleu else "point"
+
+    def delta_label(self, unit: bool = True) -> str:
+        """What the tables' delta is (files/schema.py, `improvement`): the change in the metric (with its unit, or
+        not), or for a lower-is-better metric its fall, so that a positive delta is better either way."""
+        if self.metric in LOWER_IS_BETTER:
+            return f"fall in {self.metric_name} (positive: better)"
+        return f"change in {self.metric_label if unit else self.metric_name}"
 
     @property
     def is_mt(self) -> bool:
@@ -166,7 +184,9 @@ class Inputs:
             if df is not None:
                 present |= set(df["kind"])
         methods = set(self.curve["method"]) if self.curve is not None else set()
-        return self.is_bleu or bool(present & {DECODER, CROSS}) or bool(methods & KIND_METHODS.keys())
+        # Decoder self-attention alone is a decoder-only language model, not an encoder-decoder.
+        return (self.is_bleu or CROSS in present or {ENCODER, DECODER} <= present
+                or bool(methods & KIND_METHODS.keys()))
 
     @property
     def task(self) -> str | None:

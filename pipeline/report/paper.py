@@ -18,9 +18,11 @@ from pipeline.files.schema import (
     KINDS,
     PAPER,
     RANDOM,
-    TOLERANCE,
     checkpoint_method,
+    improvement,
     kind_method,
+    tolerance_text,
+    within_tolerance,
 )
 from pipeline.methods.pruning import prunable_fraction
 from pipeline.report.document import num, pct, plural, signed
@@ -71,13 +73,13 @@ KWON: dict = {"flops_removed": 0.4, "loss": "under 1 point", "latency_speedup": 
 
 
 def _prunable(inp: Inputs) -> str | None:
-    """Figures 3/4: the share of heads that goes within TOLERANCE of the unpruned model."""
+    """Figures 3/4: the share of heads that goes within the tolerance of the unpruned model."""
     curve = inp.curve
     if curve is None or IMPORTANCE not in set(curve["method"]):
         return None
     parts = []
     for split in [s for s in (TEST, DEV) if s in set(curve["split"])]:
-        res = prunable_fraction(curve, IMPORTANCE, split)
+        res = prunable_fraction(curve, IMPORTANCE, split, inp.metric)
         if res is not None:
             frac, metric, base = res
             parts.append(f"{pct(frac)} of heads on {split} ({num(base)} -> {num(metric)})")
@@ -89,7 +91,7 @@ def _prunable(inp: Inputs) -> str | None:
     else:
         paper = f"{MICHEL['prunable']['MNLI']} for BERT on MNLI and {MICHEL['prunable']['SST-2']} on SST-2"
     return (
-        f"Pruning heads by importance stays within {TOLERANCE:g} {inp.point} of the unpruned model "
+        f"Pruning heads by importance stays within {tolerance_text(inp.metric, inp.point)} of the unpruned model "
         f"up to {' and '.join(parts)}; the paper reports {paper}."
     )
 
@@ -121,7 +123,7 @@ def _recovery(inp: Inputs) -> str | None:
     rec = inp.recovery
     if rec is None:
         return None
-    gain = rec["metric_after"] - rec["metric_before"]
+    gain = improvement(inp.metric, rec["metric_after"], rec["metric_before"])
     top = rec.loc[rec["fraction_pruned"].idxmax()]
     return (
         f"Fine-tuning after pruning recovers {signed(gain.mean())} {inp.points} on average "
@@ -167,7 +169,7 @@ def _vs_random(inp: Inputs, low: float = 0.2, high: float = 0.8) -> str | None:
         levels = sorted(f for f in set(imp.index) & set(rnd.index) if low - 1e-9 <= f <= high + 1e-9)
         if not levels:
             continue
-        losing = [f for f in levels if not imp[f] > rnd[f]]
+        losing = [f for f in levels if not improvement(inp.metric, imp[f], rnd[f]) > 0]
         if not losing:
             parts.append(f"at all {len(levels)} levels on {split}")
         else:
@@ -198,7 +200,8 @@ def _cross_collapse(inp: Inputs) -> str | None:
         base = unpruned(rows)
         above = rows[rows["fraction_pruned"] > threshold + 1e-9]
         if base is not None and not above.empty:
-            losses[kind] = (float(above["fraction_pruned"].max()), base - float(above["metric"].iloc[-1]))
+            losses[kind] = (float(above["fraction_pruned"].max()),
+                            -improvement(inp.metric, float(above["metric"].iloc[-1]), base))
     if CROSS not in losses:
         return None
     frac, cross_loss = losses[CROSS]
@@ -299,13 +302,13 @@ def table4(bench: pd.DataFrame) -> tuple[float, pd.DataFrame] | None:
 # --- beyond the paper: budgeted pruning against Kwon et al.'s claims -------------------------------------
 
 
-def _budgeted_within_tolerance(curve: pd.DataFrame, split: str) -> float | None:
-    """The largest level at which budgeted-tuned stays within TOLERANCE of unpruned (None if none does)."""
+def _budgeted_within_tolerance(curve: pd.DataFrame, split: str, metric: str) -> float | None:
+    """The largest level at which budgeted-tuned stays within the tolerance of unpruned (None if none does)."""
     base = budgeted_at(curve, split, BUDGETED_TUNED, 0.0)
     rows = curve[(curve["split"] == split) & (curve["method"] == BUDGETED_TUNED) & (curve["budget_removed"] > 0)]
     if base is None or rows.empty:
         return None
-    ok = rows[rows["metric"] >= base - TOLERANCE - 1e-9]["budget_removed"]
+    ok = rows[[within_tolerance(metric, value, base) for value in rows["metric"]]]["budget_removed"]
     return float(ok.max()) if not ok.empty else None
 
 
@@ -336,13 +339,14 @@ def _budgeted_accuracy(inp: Inputs, split: str) -> str | None:
         ours = budgeted_at(curve, split, BUDGETED_TUNED, at)
         parts.append(f"With {pct(at)} of {inp.budget_name} removed and no retraining, {BUDGETED_TUNED} scores "
                      f"{num(ours)} on "
-                     f"{split} against {num(base)} unpruned ({signed(ours - base)} {inp.points}; Kwon et al. "
+                     f"{split} against {num(base)} unpruned ({signed(improvement(inp.metric, ours, base))} "
+                     f"{inp.points}; Kwon et al. "
                      f"report {KWON['loss']} lost at {pct(KWON['flops_removed'])} on BERT-base).")
     margins = []
     for lv in sorted(set(curve["budget_removed"]) - {0.0}):
         ours, paper = budgeted_at(curve, split, BUDGETED_TUNED, lv), budgeted_at(curve, split, PAPER, lv)
         if ours is not None and paper is not None:
-            margins.append((lv, ours - paper))
+            margins.append((lv, improvement(inp.metric, ours, paper)))
     if margins:
         worst = min(m for _, m in margins)
         verdict = "at least as accurate as" if worst >= 0 else "not always as accurate as"
@@ -379,13 +383,13 @@ def budgeted_sentences(inp: Inputs, split: str) -> list[str]:
 def side_by_side(inp: Inputs, split: str) -> pd.DataFrame:
     """The paper, Kwon et al.'s reported numbers and this run's budgeted-tuned model, one column each."""
     cost = inp.budget_name
-    ours_level = _budgeted_within_tolerance(inp.budgeted, split)
+    ours_level = _budgeted_within_tolerance(inp.budgeted, split, inp.metric)
     speed = _budgeted_speed(inp)
     whole = inp.whole_prune_seconds
     ref = MICHEL["speedup"]["table"][MICHEL["speedup"]["headline_batch"]]
     return pd.DataFrame({
-        "": ["model and task", "what is pruned", "retraining", f"cost removed within {TOLERANCE:g} {inp.point}",
-             "measured speedup", "time to prune"],
+        "": ["model and task", "what is pruned", "retraining",
+             f"cost removed within {tolerance_text(inp.metric, inp.point)}", "measured speedup", "time to prune"],
         "Michel et al. (2019)": ["BERT-base, MNLI", "heads", "none",
                                  f"{MICHEL['prunable']['MNLI']} of heads (heads hold about a third of the FLOPs)",
                                  f"+{ref[2]}% examples/s, 50% of heads, batch 64, GPU", "one importance pass"],

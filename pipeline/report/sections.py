@@ -20,6 +20,7 @@ from pipeline.files.schema import (
     IMPORTANCE,
     KIND_LABELS,
     PAPER,
+    improvement,
 )
 from pipeline.report import figures
 from pipeline.report.document import Doc, num, pct, signed
@@ -163,15 +164,16 @@ def _single_head_ablation(doc: Doc, inp: Inputs) -> None:
     png = figures.heatmaps(
         frames,
         "delta",
-        f"change in {inp.metric_label} when the head is removed",
+        f"{inp.delta_label()} when the head is removed",
         "Effect of removing one head",
         diverging=True,
         marks=marks,
     )
+    what = inp.delta_label(unit=False)
     doc.figure(
         "ablation.png",
         png,
-        f"Change in {inp.metric_name} when a single head is masked (red: worse, blue: better); "
+        f"{what[:1].upper()}{what[1:]} when a single head is masked (red: worse, blue: better); "
         f"boxed * = significant at p < {ALPHA}.",
     )
     improving = int((sig["delta"] > 0).sum())
@@ -241,7 +243,8 @@ def _recovery(doc: Doc, inp: Inputs) -> None:
                 "heads pruned": rec["fraction_pruned"].map(pct),
                 "before": rec["metric_before"].map(num),
                 "after": rec["metric_after"].map(num),
-                f"recovered ({inp.points})": (rec["metric_after"] - rec["metric_before"]).map(signed),
+                f"recovered ({inp.points})": improvement(inp.metric, rec["metric_after"], rec["metric_before"]
+                                                          ).map(signed),
             }
         )
     )

@@ -14,6 +14,9 @@ folders as `save_model` writes them) or fairseq (each model folder holds `checkp
 dictionaries; the data folder holds the same columns, with fairseq's token ids). The loaders below
 (`load`, `save`, `translation_eval`, `score_batches`, `generation_inputs`) hide which, so the stages
 run the same code for both.
+
+Language models (`task: language-modeling`) are Hugging Face causal LMs; their data folder holds token
+sequences (input_ids), scored by perplexity (`lm_eval`) and, for importance, by their token NLL.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from pipeline.config.params import Params, ParamsError, TranslationParams, load_params
+from pipeline.config.params import AnyParams, ParamsError, load_params
 from pipeline.config.trace import traced
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
@@ -40,18 +43,23 @@ from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import (
     BASE_MODEL_DIR,
     CHECKPOINTS_DIR,
+    CLASSIFICATION,
     DATA_DIR,
     EVAL_SPLITS,
     FAIRSEQ_CHECKPOINT,
     FINETUNED_DIR,
+    LANGUAGE_MODELING,
     PRUNED_DIR,
     SCRATCH,
     TASK_FILE,
+    TRANSLATION,
     budgeted_name,
     checkpoint_step,
     kv_groups_name,
     pruned_name,
 )
+from pipeline.lm.llama import collate_texts
+from pipeline.lm.perplexity import LanguageModelEval
 from pipeline.mt.decoding import TranslationEval
 from pipeline.mt.marian import collate_pairs
 from pipeline.run.preflight import params_file
@@ -71,7 +79,7 @@ def _stage_name() -> str:
 
 @dataclass(frozen=True)
 class Experiment:
-    params: Params | TranslationParams
+    params: AnyParams
     params_file: str = "params.yaml"
     resolved_runtime: Runtime | None = None  # `runtime` of the params resolved on this machine (from_params_file)
 
@@ -107,8 +115,16 @@ class Experiment:
         return resolve_runtime(self.params.runtime.device, precision)
 
     @property
+    def is_classification(self) -> bool:
+        return self.params.task == CLASSIFICATION
+
+    @property
     def is_translation(self) -> bool:
-        return self.params.task == "translation"
+        return self.params.task == TRANSLATION
+
+    @property
+    def is_language_modeling(self) -> bool:
+        return self.params.task == LANGUAGE_MODELING
 
     @property
     def is_fairseq(self) -> bool:
@@ -116,8 +132,10 @@ class Experiment:
 
     @property
     def trains_from_scratch(self) -> bool:
-        """A Marian model that the finetune stage trains; every other translation model is only evaluated."""
-        return self.is_translation and not self.is_fairseq and self.params.model.name_or_path == SCRATCH
+        """A Marian model or a language model that the finetune stage trains; every other translation or language
+        model is only evaluated."""
+        return ((self.is_translation and not self.is_fairseq) or self.is_language_modeling) and (
+            self.params.model.name_or_path == SCRATCH)
 
     # --- paths -------------------------------------------------------------------------------------
     @property
@@ -266,7 +284,12 @@ class Experiment:
     def pad_token_id(self) -> int:
         if self.is_fairseq:
             return self.task()["pad_token_id"]  # of the model's dictionaries, recorded by prepare
-        return self.tokenizer().pad_token_id
+        tokenizer = self.tokenizer()
+        if tokenizer.pad_token_id is None and self.is_language_modeling:
+            # Llama's and GPT-2's tokenizers have no pad token. Padding is masked out (attention and labels), so
+            # any id will do; eos is one the model knows.
+            return tokenizer.eos_token_id
+        return tokenizer.pad_token_id
 
     def eval_sets(self, splits: tuple[str, ...] = EVAL_SPLITS, max_examples: int | None = None
                   ) -> dict[str, EvalSet]:
@@ -298,7 +321,17 @@ class Experiment:
             ids, labels = data["input_ids"][:], data["labels"][:]
             return [collate_pairs(ids[i : i + s.batch_size], labels[i : i + s.batch_size], pad)
                     for i in range(0, len(ids), s.batch_size)]
+        if self.is_language_modeling:  # labels == input_ids, -100 on padding: per_example_loss shifts them
+            pad, ids = self.pad_token_id, data["input_ids"][:]
+            return [collate_texts(ids[i : i + s.batch_size], pad) for i in range(0, len(ids), s.batch_size)]
         return labelled_batches(data, self.tokenizer(), s.batch_size)
+
+    def lm_eval(self, split: str, max_examples: int | None = None) -> LanguageModelEval:
+        """Perplexity of `split` (a seeded subset of `max_examples` sequences), in batches of eval.batch_size."""
+        data = self.split(split)
+        if max_examples is not None and max_examples < len(data):
+            data = data.shuffle(seed=self.params.seed).select(range(max_examples))
+        return LanguageModelEval(data["input_ids"][:], self.pad_token_id, self.params.eval.batch_size, self.runtime)
 
     def translation_eval(self, split: str, max_examples: int | None = None, num_beams: int | None = None
                          ) -> TranslationEval:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.config.params import Params, ParamsError, TranslationParams, load_params
-from pipeline.files.schema import DEFAULT, SCRATCH
+from pipeline.config.params import AnyParams, ParamsError, TranslationParams, load_params
+from pipeline.files.schema import CLASSIFICATION, DEFAULT, LANGUAGE_MODELING, SCRATCH
 from pipeline.tasks.inputs import (
     classification_source_problems,
+    language_modeling_source_problems,
     model_problems,
     translation_source_problems,
 )
@@ -46,10 +47,13 @@ def _fairseq_problems(params: TranslationParams) -> list[str]:
     return problems
 
 
-def input_problems(params: Params | TranslationParams) -> list[str]:
+def input_problems(params: AnyParams) -> list[str]:
     """Every problem with the model and the data that the params name, one line each (none for the defaults)."""
     d, m = params.data, params.model
-    if params.task != "translation":
+    if params.task == LANGUAGE_MODELING:
+        return [*model_problems(m.name_or_path), *language_modeling_source_problems(d.source, d.text_column,
+                                                                                    d.fractions)]
+    if params.task == CLASSIFICATION:
         text_columns = [c for c in (d.text_column, d.text_pair_column) if c is not None]
         return [*model_problems(m.name_or_path),
                 *classification_source_problems(d.source, text_columns, d.label_column, d.fractions, params.seed)]

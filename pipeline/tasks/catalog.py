@@ -1,4 +1,5 @@
-"""The datasets this project knows by name on the Hugging Face hub: GLUE's tasks and the translation corpora.
+"""The datasets this project knows by name on the Hugging Face hub: GLUE's tasks, the translation and the
+language-modelling corpora.
 
 Pure data (no datasets, no torch), so that params checks can name what is allowed before anything heavy loads.
 """
@@ -36,7 +37,7 @@ GLUE_EVAL_SPLITS = {"mnli": {"test": "validation_matched", "test_mismatched": "v
 class HubCorpus:
     repo: str
     config_prefix: str  # hub config name = prefix + pair
-    pairs: tuple[str, ...]
+    pairs: tuple[str, ...]  # translation: language pairs; language modelling: configs
     splits: tuple[tuple[str, str], ...] = (("train", "train"), ("dev", "validation"), ("test", "test"))
 
 
@@ -54,3 +55,10 @@ HUB_CORPORA = {
 }
 
 
+
+# Language-modelling corpora on the hub: the name's part after "/" is the config. Salesforce/wikitext has train,
+# validation and test splits of one paragraph (or "= heading =") a row, with empty rows between paragraphs.
+LM_CORPORA = {
+    "wikitext": HubCorpus("Salesforce/wikitext", "", ("wikitext-2-raw-v1", "wikitext-103-raw-v1", "wikitext-2-v1",
+                                                      "wikitext-103-v1")),
+}

@@ -102,7 +102,10 @@ def evaluate(model: nn.Module, eval_set: EvalSet, metric: str) -> tuple[float, n
 
 class TaskEval(Protocol):
     """What the ablation and pruning sweeps need from a task: a score per model, per-example outputs,
-    and a paired significance test between two models' outputs."""
+    and a paired significance test between two models' outputs. `metric` names the score, and so which way
+    it is better (files/schema.py, LOWER_IS_BETTER)."""
+
+    metric: str
 
     def __len__(self) -> int: ...
 

@@ -21,8 +21,9 @@ import numpy as np
 
 from pipeline.core.sites import FAMILIES
 from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS
-from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA
+from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA
 from pipeline.tasks.local_files import (
+    FORMATS,
     InputError,
     Table,
     check_filled,
@@ -401,6 +402,66 @@ def translation_source_problems(source: str, source_column: str, target_column: 
             if sizes["train"] * f[SPLITS.index(split)] / (f[0] + sum(f[SPLITS.index(s)] for s in carved)) < 1:
                 raise InputError(f"data: {split} would get no pairs out of {sizes['train']} training pairs by "
                                  f"data.fractions {list(fractions)}; give more pairs, or a {split} file")
+    except InputError as error:
+        return [str(error)]
+    return []
+
+
+# --- language-modelling data ------------------------------------------------------------------------------------------
+
+TEXT_FORMATS = (".txt", *FORMATS)  # a .txt file holds one text (a sentence or a document) a line
+
+
+def read_texts(path: Path, text_column: str) -> list[str]:
+    """One local file's texts: the non-blank lines of a .txt file (blank lines, as between wikitext's paragraphs,
+    hold no text), or the `text_column` of a CSV/TSV/JSON file, where an empty cell is refused."""
+    if path.suffix.lower() == ".txt":
+        try:
+            texts = [line for line in read_lines(path) if not is_blank(line)]
+        except InputError as error:
+            raise InputError(f"data.source: {error}") from None
+    else:
+        table = _read_source(path)
+        table.require([text_column], "data.text_column")
+        check_filled(table, [text_column], "text", "data")
+        texts = [str(t) for t in table.columns[text_column]]
+    if not texts:
+        raise InputError(f"data.source: {path} holds no text")
+    return texts
+
+
+def local_texts(source: str, text_column: str) -> dict[str, list[str]]:
+    """The texts of each split of a local source: a file (train), or a folder of train/dev/test files."""
+    paths = split_files(source, None, TEXT_FORMATS)
+    if paths is None:
+        raise InputError(f"data.source: {missing_path(source)}; expected default, "
+                         f"{', '.join(f'{c}/<config>' for c in LM_CORPORA)}, a .txt file (one text a line), a "
+                         f"CSV/TSV/JSON/JSONL file with a text column, or a folder of train/dev/test files")
+    return {split: read_texts(path, text_column) for split, path in paths.items()}
+
+
+def language_modeling_source_problems(source: str, text_column: str, fractions: tuple[float, ...]) -> list[str]:
+    """Problems with `data.source` of a language-modelling experiment (the offline default has none)."""
+    if source == DEFAULT:
+        return []
+    corpus, _, config = source.partition("/")
+    if corpus in LM_CORPORA:
+        if config not in LM_CORPORA[corpus].pairs:
+            return [f"data.source: unknown {corpus} config {config!r}; allowed: {', '.join(LM_CORPORA[corpus].pairs)}"]
+        reason = hub_unreachable()
+        return [] if reason is None else [_offline_advice(
+            f"data.source: {source} is read from the Hugging Face hub ({LM_CORPORA[corpus].repo}), which is "
+            f"unreachable from here ({reason}); save its texts as local train/dev/test .txt files (one text a line) "
+            f"and point data.source at their folder")]
+    try:
+        texts = local_texts(source, text_column)
+        f = check_fractions(fractions)
+        carved = [s for s in SPLITS if s not in texts]
+        unique = len(set(texts["train"]))
+        for split in carved:
+            if unique * f[SPLITS.index(split)] / (f[0] + sum(f[SPLITS.index(s)] for s in carved)) < 1:
+                raise InputError(f"data: {split} would get no texts out of {unique} distinct training texts by "
+                                 f"data.fractions {list(fractions)}; give more text, or a {split} file")
     except InputError as error:
         return [str(error)]
     return []

@@ -80,18 +80,18 @@ def check_fractions(fractions: tuple[float, ...]) -> np.ndarray:
 # --- which file holds which split -------------------------------------------------------------------------------------
 
 
-def find_split_files(directory: Path) -> dict[str, Path]:
-    """The file of each split in `directory` (train required), by stem (SPLIT_STEMS) and format (FORMATS)."""
+def find_split_files(directory: Path, formats: tuple[str, ...] = FORMATS) -> dict[str, Path]:
+    """The file of each split in `directory` (train required), by stem (SPLIT_STEMS) and format (`formats`)."""
     found: dict[str, Path] = {}
     for split, stems in SPLIT_STEMS.items():
-        hits = [p for p in sorted(directory.iterdir()) if p.stem in stems and p.suffix.lower() in FORMATS]
+        hits = [p for p in sorted(directory.iterdir()) if p.stem in stems and p.suffix.lower() in formats]
         if len(hits) > 1:
             raise InputError(f"{directory}: several files for split {split!r}: {[p.name for p in hits]}")
         if hits:
             found[split] = hits[0]
     if "train" not in found:
         names = sorted(p.name for p in directory.iterdir())
-        raise InputError(f"{directory}: no train file (train.csv/.tsv/.json/.jsonl); found: {names}")
+        raise InputError(f"{directory}: no train file (train{'/'.join(formats)}); found: {names}")
     return found
 
 
@@ -121,13 +121,15 @@ def _nearby(path: Path) -> str:
     return f" (did you mean {parent / close[0]}?)" if close else ""
 
 
-def split_files(source: str, files: Mapping[str, str | Path] | None) -> dict[str, Path] | None:
+def split_files(source: str, files: Mapping[str, str | Path] | None, formats: tuple[str, ...] = FORMATS
+                ) -> dict[str, Path] | None:
     """The existing file of each split that a local source names: `files` if given, else a folder's split
-    files, else one file as train; None when `source` is no local path (the caller says what else it takes)."""
+    files (in `formats`), else one file as train; None when `source` is no local path (the caller says what else
+    it takes)."""
     if files is not None:
         paths = {s: Path(p) for s, p in files.items()}
     elif Path(source).is_dir():
-        paths = find_split_files(Path(source))
+        paths = find_split_files(Path(source), formats)
     elif Path(source).is_file():
         paths = {"train": Path(source)}
     else:

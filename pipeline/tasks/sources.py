@@ -21,6 +21,7 @@ DEFAULT_DATA_ATTRIBUTION = (
 )
 
 MT_DATA_NAME = "Tatoeba English-Spanish sentence pairs"
+LM_DATA_NAME = "Tatoeba English sentences (of the English-Spanish pairs, deduplicated)"
 MT_DATA_ATTRIBUTION = (
     f"spa.tsv from the {MT_DATA.package}=={MT_DATA.version} wheel (only this file is extracted; the package is "
     "not installed): English-Spanish sentence pairs from the Tatoeba Project (tatoeba.org), licensed CC-BY 2.0 "

@@ -1,0 +1,78 @@
+"""The LM experiment end to end on a tiny configuration: `dvc repro llm/dvc.yaml` with this repo's stage code on a
+few hundred generated sentences and a tiny grouped-query Llama trained from scratch: perplexity, ablation, scoring,
+pruning in whole query units, recovery and the report, every stage declaring the params it reads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.test_language_modeling import corpus, tiny_lm_params
+from tests.tiny_project import ran_stages, run, traced_env, undeclared_params
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "report"]
+
+
+def tiny_llm_pipeline_params() -> dict:
+    params = tiny_lm_params()
+    params["eval"]["batch_size"] = 16
+    params["ablate"].update(max_examples=20, n_resamples=100)
+    params["score"].update(max_examples=32, batch_size=16)
+    params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=20,
+                           random_seeds=[0, 1])
+    params["recover"].update(steps=5, batch_size=16, warmup_steps=1)
+    return params
+
+
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("params-trace")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, trace_dir) -> Path:
+    root = tmp_path_factory.mktemp("llm_repo")
+    for package in ("pipeline", "stages"):
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "llm").mkdir()
+    shutil.copy(ROOT / "llm" / "dvc.yaml", root / "llm" / "dvc.yaml")
+    (root / "llm" / "params.yaml").write_text(yaml.safe_dump(tiny_llm_pipeline_params(), sort_keys=False))
+    (root / "corpus.txt").write_text("\n".join(corpus(400)) + "\n")
+    run(["git", "init", "-q"], root)
+    run(["dvc", "init", "-q"], root)
+    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
+    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")
+    shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")
+    first = run(["dvc", "repro", "llm/dvc.yaml"], root, traced_env(trace_dir))
+    assert [s.removeprefix("llm/dvc.yaml:") for s in ran_stages(first)] == STAGES
+    return root
+
+
+def test_every_stage_declares_the_params_it_reads(repo, trace_dir):
+    assert len(list(trace_dir.glob("*.json"))) == len(STAGES)
+    assert undeclared_params(repo, "llm/dvc.yaml", trace_dir) == {}
+
+
+def test_the_tables_speak_perplexity_with_positive_deltas_better(repo):
+    reports = repo / "reports" / "tiny-lm"
+    finetune = json.loads((reports / "finetune.json").read_text())
+    assert finetune["metric"] == "perplexity" and finetune["train_steps"] == 20
+    ablation = pd.read_csv(reports / "ablation.csv")
+    assert set(ablation["kind"]) == {"decoder"} and len(ablation) == 8  # 2 layers x 4 query heads
+    base = ablation["metric"] + ablation["delta"]  # delta = base - masked: the fall in perplexity
+    assert base.round(6).nunique() == 1
+    curve = pd.read_csv(reports / "pruning_curve.csv")
+    assert set(curve["split"]) == {"dev", "test"} and {"importance", "random"} <= set(curve["method"])
+    # Whole query units under grouped-query attention: one head from each of a layer's two groups at a time.
+    assert set(curve["heads_pruned"]) <= {0, 2, 4, 6}
+    assert "within 5% perplexity" in (reports / "report.md").read_text()
+
+
+def test_a_second_repro_runs_nothing(repo):
+    assert ran_stages(run(["dvc", "repro", "llm/dvc.yaml"], repo)) == []
