@@ -23,7 +23,7 @@ import torch
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import ALPHA
-from pipeline.methods.ablation import ablation_tables, sharded_ablation_tables
+from pipeline.methods.ablation import ablation_tables, one_group_table, sharded_ablation_tables
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import ClassificationEval, TaskEval
 
@@ -60,6 +60,10 @@ def main() -> None:
                "significant": len(significant), "significant_improving": int((significant.delta > 0).sum()),
                "worst_delta": round(float(ablation.delta.min()), 4),
                "worst_one_head_delta": round(float(one_head.delta.min()), 4)}
+    if exp.is_language_modeling:  # grouped-query attention: Tables 2/3 with a whole key/value group per layer kept
+        one_group = one_group_table(model, task_eval)
+        write_csv(exp.reports / "one_group.csv", one_group)
+        summary["worst_one_group_delta"] = round(float(one_group.delta.min()), 4) if len(one_group) else None
     write_json(exp.reports / "ablate.json", summary)
     log.info("ablate (%s, %d examples): %d of %d single-head removals significant (p<%g), %d of them improve; "
              "worst delta %.2f, worst one-head layer delta %.2f", p.ablate.split, len(task_eval),

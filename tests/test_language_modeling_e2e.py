@@ -16,7 +16,7 @@ from tests.test_language_modeling import corpus, tiny_lm_params
 from tests.tiny_project import ran_stages, run, traced_env, undeclared_params
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "report"]
+STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
 
 
 def tiny_llm_pipeline_params() -> dict:
@@ -26,7 +26,9 @@ def tiny_llm_pipeline_params() -> dict:
     params["score"].update(max_examples=32, batch_size=16)
     params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=20,
                            random_seeds=[0, 1])
+    params["prune"]["budgeted"].update(levels=[0.2], fisher_examples=32, tune_examples=16, max_examples=20)
     params["recover"].update(steps=5, batch_size=16, warmup_steps=1)
+    params["benchmark"].update(batch_sizes=[1, 2], prompt_tokens=8, new_tokens=4, repeats=1)
     return params
 
 
@@ -76,3 +78,25 @@ def test_the_tables_speak_perplexity_with_positive_deltas_better(repo):
 
 def test_a_second_repro_runs_nothing(repo):
     assert ran_stages(run(["dvc", "repro", "llm/dvc.yaml"], repo)) == []
+
+
+def test_other_tools_criteria_and_budgeted_methods_are_compared_at_equal_heads_and_flops(repo):
+    reports = repo / "reports" / "tiny-lm"
+    curve = pd.read_csv(reports / "pruning_curve.csv")
+    by_method = {m: sorted(set(rows.heads_pruned)) for m, rows in curve.groupby("method")}
+    assert by_method["magnitude"] == by_method["activation"] == by_method["importance"]
+    budgeted = pd.read_csv(reports / "budgeted_curve.csv")
+    assert {"paper", "budgeted-heads", "budgeted", "budgeted-tuned"} <= set(budgeted.method)
+
+
+def test_the_serving_shape_halves_the_kv_cache_and_loads_with_stock_transformers(repo):
+    reports = repo / "reports" / "tiny-lm"
+    bench = pd.read_csv(reports / "llm_benchmark.csv")
+    kv = bench.drop_duplicates("model").set_index("model").kv_bytes_per_token
+    assert kv["50% of KV groups"] * 2 == kv["unpruned"]
+    assert set(bench.phase) == {"prefill", "decode"} and set(bench.batch_size) == {1, 2}
+    assert json.loads((reports / "prune.json").read_text())["kv_groups"]["0.5"] == {"kv_heads": [1, 1], "stock": True}
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(repo / "artifacts/tiny-lm/pruned/kv-groups-50")
+    assert model.config.num_key_value_heads == 1 and model.config.num_attention_heads == 2

@@ -132,6 +132,7 @@ TABLE_COLUMNS = {
     "importance.csv": ["kind", "layer", "head", "importance"],
     "ablation.csv": ["kind", "layer", "head", "metric", "delta", "p_value"],
     "one_head.csv": ["kind", "layer", "best_head", "metric", "delta"],
+    "one_group.csv": ["kind", "layer", "best_group", "heads", "metric", "delta"],  # grouped-query attention only
     "pruning_curve.csv": ["method", "split", "fraction_pruned", "metric"],
     "budgeted_curve.csv": ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
                            "neurons_pruned", "metric", "examples", "seconds"],

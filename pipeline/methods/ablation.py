@@ -132,6 +132,33 @@ def ablation_tables(
     return pd.DataFrame(ablation_rows), pd.DataFrame(one_head_rows)
 
 
+def one_group_table(model: nn.Module, task_eval: TaskEval, progress: bool = True) -> pd.DataFrame:
+    """Tables 2/3 under grouped-query attention: every layer reduced to one key/value group (its key/value head
+    and the query heads it serves), each group in turn, the others masked. One row per layer with grouped-query
+    attention: kind, layer, best_group, heads (the group's query heads), metric, delta (`schema.improvement`
+    against the full model). Empty for a multi-head model."""
+    base = task_eval(model)[0]
+    sites = attention_sites(model)
+    grouped = [(i, site) for i, site in enumerate(sites) if site.original_group_size > 1 and site.num_heads]
+    rows = []
+    bar = tqdm(total=sum(site.num_kv_heads for _, site in grouped), desc="ablate (one group)", disable=not progress)
+    with head_gates(model) as gates:
+        for index, site in grouped:
+            best = None
+            for g, group in enumerate(site.head_groups):
+                gates[index] = torch.zeros_like(gates[index])
+                gates[index][group] = 1.0
+                score = task_eval(model)[0]
+                if best is None or improvement(task_eval.metric, score, best[1]) > 0:
+                    best = (g, score, group)
+                bar.update()
+            gates[index] = torch.ones_like(gates[index])
+            rows.append(dict(kind=site.kind, layer=site.layer, best_group=best[0], heads=len(best[2]),
+                             metric=best[1], delta=improvement(task_eval.metric, best[1], base)))
+    bar.close()
+    return pd.DataFrame(rows, columns=["kind", "layer", "best_group", "heads", "metric", "delta"])
+
+
 ModelAndEval = Callable[[], tuple[nn.Module, TaskEval]]
 
 

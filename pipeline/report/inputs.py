@@ -106,6 +106,7 @@ class Inputs:
     importance: pd.DataFrame | None = None
     ablation: pd.DataFrame | None = None
     one_head: pd.DataFrame | None = None
+    one_group: pd.DataFrame | None = None
     curve: pd.DataFrame | None = None
     recovery: pd.DataFrame | None = None
     benchmark: pd.DataFrame | None = None
@@ -129,6 +130,7 @@ class Inputs:
             importance=_read_csv(report_dir, "importance.csv"),
             ablation=_read_csv(report_dir, "ablation.csv"),
             one_head=_read_csv(report_dir, "one_head.csv"),
+            one_group=_read_csv(report_dir, "one_group.csv"),
             curve=_read_csv(report_dir, "pruning_curve.csv"),
             recovery=_read_csv(report_dir, "recovery.csv"),
             benchmark=_read_csv(report_dir, "benchmark.csv"),

@@ -229,6 +229,19 @@ def _one_head_per_layer(doc: Doc, inp: Inputs) -> None:
     doc.table(table if df["kind"].nunique() > 1 else table.drop(columns="kind"))
 
 
+def _one_group_per_layer(doc: Doc, inp: Inputs) -> None:
+    df = inp.one_group
+    if df is None:
+        return
+    doc.h(1, "Tables 2/3 under grouped-query attention: one key/value group per layer")
+    df = df.sort_values("layer")
+    worst = df.loc[df["delta"].idxmin()]
+    doc.p(f"Each layer keeps one key/value head and the {int(df['heads'].iloc[0])} query heads it serves, the others "
+          f"masked; the worst layer to reduce so is layer {worst['layer']} ({signed(worst['delta'])} {inp.points}).")
+    doc.table(pd.DataFrame({"layer": df["layer"], "best group": df["best_group"],
+                            inp.metric_name: df["metric"].map(num), f"delta ({inp.points})": df["delta"].map(signed)}))
+
+
 def _recovery(doc: Doc, inp: Inputs) -> None:
     rec = inp.recovery
     if rec is None:
@@ -339,6 +352,7 @@ SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (
     _importance,
     _single_head_ablation,
     _one_head_per_layer,
+    _one_group_per_layer,
     _recovery,
     _speed,
     _serving,
