@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from pipeline.core.checkpoint import load_model, save_model, stock_config
 from pipeline.core.gates import head_gates, neuron_gates
-from pipeline.core.importance import per_example_loss, random_order, rank_heads, select_heads
+from pipeline.core.importance import HeadChoice, per_example_loss, random_order, rank_heads, select_heads
 from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import PRUNING_FILE
@@ -223,10 +223,10 @@ def test_unit_query_takes_the_same_number_of_query_heads_from_every_group_and_un
     group = rank_heads(scores, groups, "group")
     # Group sums: layer 0 [1.7, 1.55], layer 1 [1.6, 2.1]: layer 0's second group goes first.
     assert group[:4] == [(0, 4), (0, 5), (0, 6), (0, 7)]
-    assert select_heads(group, [8, 8], 8, groups=groups) == {0: [4, 5, 6, 7], 1: [0, 1, 2, 3]}
+    assert select_heads(group, [8, 8], 8, groups=groups, unit="group") == {0: [4, 5, 6, 7], 1: [0, 1, 2, 3]}
     # uniform: the same count from every layer, so that every layer keeps one shape.
     assert select_heads(query, [8, 8], 4, groups=groups, uniform=True) == {0: [0, 7], 1: [2, 4]}
-    assert select_heads(group, [8, 8], 4, groups=groups, uniform=True) == {}
+    assert select_heads(group, [8, 8], 4, groups=groups, uniform=True, unit="group") == {}
 
 
 def test_multi_head_attention_ranks_and_selects_as_before_units_existed():
@@ -245,11 +245,25 @@ def test_every_selection_of_importance_or_random_order_prunes_physically(unit, u
     scores = [torch.rand(n, generator=torch.Generator().manual_seed(i)) for i, n in enumerate(num_heads)]
     for order in (rank_heads(scores, groups, unit), random_order(num_heads, 0, groups, unit)):
         for count in range(0, sum(num_heads) + 1, 3):
-            plan = select_heads(order, num_heads, count, groups=groups, uniform=uniform)
+            plan = select_heads(order, num_heads, count, groups=groups, uniform=uniform, unit=unit)
             assert count - sum(map(len, plan.values())) < (4 if unit == "group" else 2) * (3 if uniform else 1)
             pruned = prune_heads(lm("llama"), plan)
             if uniform:
                 assert len({s.num_heads for s in attention_sites(pruned)}) == 1
+            for site in attention_sites(pruned):  # whole units: equal groups, or groups whole or gone
+                sizes = [len(group) for group in site.head_groups]
+                assert len(set(sizes)) <= 1 and (unit == "query" or set(sizes) <= {4})
+                assert unit == "group" or site.num_kv_heads in (0, 2)
+
+
+@pytest.mark.parametrize("unit", ["query", "group"])
+def test_every_random_seed_removes_the_same_number_of_heads_at_every_count(unit):
+    sites = attention_sites(lm("llama"))
+    choice = HeadChoice(unit)
+    for count in range(sum(s.num_heads for s in sites) + 1):
+        removed = {sum(map(len, choice.select(choice.random(sites, seed), sites, count).values()))
+                   for seed in range(4)}
+        assert len(removed) == 1 and count - removed.pop() < (4 if unit == "group" else 2)
 
 
 # --- save and load -----------------------------------------------------------------------------------------

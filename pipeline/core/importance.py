@@ -150,21 +150,27 @@ def random_order(num_heads: Sequence[int], seed: int, groups: Groups | None = No
     return rank_heads(scores, groups, unit)
 
 
-def _equal_groups(groups: Sequence[Sequence[int]], gone: set[int]) -> bool:
-    sizes = {len([h for h in group if h not in gone]) for group in groups} - {0}
-    return len(sizes) <= 1
+def _whole_units(groups: Sequence[Sequence[int]], gone: set[int], unit: str) -> bool:
+    """Whether removing `gone` leaves a site in whole units: for unit "query", every key/value group the same
+    size, emptied ones included (the same number of query heads left each group); for unit "group" (and
+    multi-head attention, one head per group), every group whole or gone."""
+    left = [len([h for h in group if h not in gone]) for group in groups]
+    if unit == "group" or all(len(group) == 1 for group in groups):
+        return all(n in (0, len(group)) for n, group in zip(left, groups, strict=True))
+    return len(set(left)) <= 1
 
 
 def select_heads(
     order: Sequence[Head], num_heads: Sequence[int], count: int, min_heads_per_site: int = 0,
-    groups: Groups | None = None, uniform: bool = False,
+    groups: Groups | None = None, uniform: bool = False, unit: str = "query",
 ) -> dict[int, list[int]]:
     """The first `count` heads of `order` whose removal leaves every site `min_heads_per_site` heads.
 
     Under grouped-query attention (`groups`), a site's heads are taken in the order's sequence but count as
-    removed only once every key/value group of the site keeps the same number of query heads again, so that
-    every plan can be pruned physically; orders from `rank_heads` and `random_order` list whole units, so this
-    takes them unit by unit, and removes the most whole units that fit in `count` (possibly a few heads fewer).
+    removed only once the site is in whole `unit`s again (every key/value group keeping as many query heads as
+    the others), so that every plan can be pruned physically; orders from `rank_heads` and `random_order` list
+    whole units, so this takes them unit by unit, and removes the most whole units that fit in `count` (possibly
+    a few heads fewer).
     `uniform` removes the same number of heads from every site (count / sites, in whole units), keeping the
     layers alike, as a stock config needs.
 
@@ -188,18 +194,18 @@ def select_heads(
         if site in closed:
             continue
         pending.setdefault(site, []).append(head)
-        if not _equal_groups(groups[site], set(chosen.get(site, [])) | set(pending[site])):
+        if not _whole_units(groups[site], set(chosen.get(site, [])) | set(pending[site]), unit):
             continue
-        unit = pending.pop(site)
+        members = pending.pop(site)
         removed_here = num_heads[site] - remaining[site]
-        if remaining[site] - len(unit) < min_heads_per_site or removed_here + len(unit) > budget[site]:
+        if remaining[site] - len(members) < min_heads_per_site or removed_here + len(members) > budget[site]:
             closed.add(site)  # later units of this site are no smaller, and its units come in order
             continue
-        if taken + len(unit) > count:
+        if taken + len(members) > count:
             continue  # a smaller unit of another site may still fit
-        chosen.setdefault(site, []).extend(unit)
-        remaining[site] -= len(unit)
-        taken += len(unit)
+        chosen.setdefault(site, []).extend(members)
+        remaining[site] -= len(members)
+        taken += len(members)
     if taken < count and not grouped and not uniform:
         raise ValueError(f"cannot prune {count} heads while keeping {min_heads_per_site} per layer: "
                          f"at most {taken} can go")
@@ -226,7 +232,7 @@ class HeadChoice:
     def select(self, order: Sequence[Head], sites: Sequence[AttentionSite], count: int) -> dict[int, list[int]]:
         grouped = any(site.original_group_size > 1 for site in sites)
         return select_heads(order, [site.num_heads for site in sites], count, self.min_heads_per_site,
-                            [site.head_groups for site in sites] if grouped else None, self.uniform)
+                            [site.head_groups for site in sites] if grouped else None, self.uniform, self.unit)
 
 
 PAPER_CHOICE = HeadChoice()  # the paper's: heads one by one in the global ranking, no layer kept

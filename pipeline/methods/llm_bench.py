@@ -27,7 +27,7 @@ import transformers
 from torch import nn
 
 from pipeline.core.flops import forward_flops, parameter_count
-from pipeline.core.importance import random_order, select_heads
+from pipeline.core.importance import HeadChoice
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
@@ -193,10 +193,9 @@ def without_kv_groups(model: nn.Module, fraction: float, seed: int = 0) -> nn.Mo
     """`model` with `fraction` of every layer's key/value groups removed, each with its query heads (whole groups,
     the same number per layer). Random weights make all groups alike, so a seeded random order chooses them."""
     sites = attention_sites(model)
-    groups, num_heads = [site.head_groups for site in sites], [site.num_heads for site in sites]
-    order = random_order(num_heads, seed, groups, unit="group")
-    count = round(fraction * sum(num_heads))
-    return prune_heads(model, select_heads(order, num_heads, count, groups=groups, uniform=True))
+    choice = HeadChoice("group", uniform=True)
+    count = round(fraction * sum(site.num_heads for site in sites))
+    return prune_heads(model, choice.select(choice.random(sites, seed), sites, count))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
