@@ -16,10 +16,18 @@ import torch.nn.functional as F
 
 from pipeline.core.checkpoint import load_model, save_model, stock_config
 from pipeline.core.gates import head_gates, neuron_gates
-from pipeline.core.importance import HeadChoice, per_example_loss, random_order, rank_heads, select_heads
+from pipeline.core.importance import (
+    HeadChoice,
+    head_importance,
+    per_example_loss,
+    random_order,
+    rank_heads,
+    select_heads,
+)
 from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import PRUNING_FILE
+from pipeline.methods.budgeted import gate_gradients
 from tests.tiny_models import GQA, LM_FAMILIES, logits, randomize_biases, tiny_batch, tiny_model
 
 IMPLS = [(family, impl) for family in LM_FAMILIES for impl in ("sdpa", "eager")]
@@ -332,3 +340,14 @@ def test_a_shape_the_family_config_cannot_say_is_saved_in_the_projects_format_wi
     save_model(model, tmp_path / "m")
     assert json.loads((tmp_path / "m" / PRUNING_FILE).read_text())["not_stock_because"] == reason
     assert torch.equal(logits(load_model(tmp_path / "m"), batch), logits(model, batch))
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_importance_of_a_model_with_an_emptied_layer_scores_that_layer_as_empty(family):
+    model = prune_heads(lm(family) if family == "llama" else tiny_model(family), {1: list(range(
+        attention_sites(tiny_model(family))[1].num_heads))})
+    scores = head_importance(model, [tiny_batch(family)], progress=False)
+    assert [len(s) for s in scores] == [site.num_heads for site in attention_sites(model)]
+    assert len(scores[1]) == 0 and scores[0].abs().sum() > 0
+    gradients = gate_gradients(model, [tiny_batch(family)], progress=False)
+    assert gradients.heads[1].shape[1] == 0

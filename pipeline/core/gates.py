@@ -34,6 +34,12 @@ class Gates(list):
         return list(self)
 
 
+def gate_grad(gate: torch.Tensor) -> torch.Tensor:
+    """A gate's gradient after a backward pass: zeros for a site with no units left, whose hook has nothing to
+    gate, so that the gate never enters the graph and gets no `.grad`."""
+    return gate.grad if gate.grad is not None else torch.zeros_like(gate)
+
+
 def _gate_input(x: torch.Tensor, gate: torch.Tensor, units: int, batch_dim: int) -> torch.Tensor:
     # Each unit owns a contiguous block of the last dim: head_dim wide for heads, 1 for neurons.
     width = x.shape[-1] // units

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline.core.gates import head_gates
+from pipeline.core.gates import gate_grad, head_gates
 from pipeline.core.sites import AttentionSite, is_decoder_only
 from pipeline.files.schema import HEAD_UNITS
 
@@ -81,7 +81,7 @@ def head_importance(
             size = batch["labels"].shape[0]
             leaves = gates.per_example(size)
             per_example_loss(model, batch).sum().backward()
-            grads = [leaf.grad.abs().sum(dim=0) for leaf in leaves]
+            grads = [gate_grad(leaf).abs().sum(dim=0) for leaf in leaves]
             totals = grads if totals is None else [t + g for t, g in zip(totals, grads, strict=True)]
             examples += size
     if totals is None:

@@ -35,7 +35,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.flops import module_flops
-from pipeline.core.gates import head_gates, neuron_gates
+from pipeline.core.gates import gate_grad, head_gates, neuron_gates
 from pipeline.core.importance import PAPER_CHOICE, HeadChoice, frozen_for_gate_gradients, per_example_loss
 from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only, pre_norms
 from pipeline.core.surgery import prune_heads, prune_neurons
@@ -73,8 +73,8 @@ def gate_gradients(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor
             size = batch["labels"].shape[0]
             h_leaves, n_leaves = h_gates.per_example(size), n_gates.per_example(size)
             per_example_loss(model, batch).sum().backward()
-            heads.append([leaf.grad.detach().cpu() for leaf in h_leaves])
-            neurons.append([leaf.grad.detach().cpu() for leaf in n_leaves])
+            heads.append([gate_grad(leaf).detach().cpu() for leaf in h_leaves])
+            neurons.append([gate_grad(leaf).detach().cpu() for leaf in n_leaves])
     if not heads:
         raise ValueError("gate_gradients got no batches: the Fisher sample is empty")
     return UnitGradients([torch.cat(site) for site in zip(*heads, strict=True)],
