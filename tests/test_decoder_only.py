@@ -28,6 +28,7 @@ from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import PRUNING_FILE
 from pipeline.methods.budgeted import gate_gradients
+from pipeline.methods.pruning import reestimated_plans
 from tests.tiny_models import GQA, LM_FAMILIES, logits, randomize_biases, tiny_batch, tiny_model
 
 IMPLS = [(family, impl) for family in LM_FAMILIES for impl in ("sdpa", "eager")]
@@ -241,7 +242,8 @@ def test_multi_head_attention_ranks_and_selects_as_before_units_existed():
     scores = [torch.tensor([0.3, 0.1, 0.2]), torch.tensor([0.05, 0.4, 0.25])]
     assert rank_heads(scores) == [(1, 0), (0, 1), (0, 2), (1, 2), (0, 0), (1, 1)]
     assert rank_heads(scores, [[[0], [1], [2]]] * 2, "group") == rank_heads(scores)
-    assert random_order([3, 3], seed=4) == random_order([3, 3], seed=4, groups=[[[0], [1], [2]]] * 2)
+    # Multi-head attention is heads as whole groups of one.
+    assert random_order([3, 3], seed=4) == random_order([3, 3], seed=4, groups=[[[0], [1], [2]]] * 2, unit="group")
 
 
 @pytest.mark.parametrize("unit", ["query", "group"])
@@ -351,3 +353,13 @@ def test_importance_of_a_model_with_an_emptied_layer_scores_that_layer_as_empty(
     assert len(scores[1]) == 0 and scores[0].abs().sum() > 0
     gradients = gate_gradients(model, [tiny_batch(family)], progress=False)
     assert gradients.heads[1].shape[1] == 0
+
+
+def test_re_estimated_pruning_of_a_gqa_model_goes_in_whole_slices_down_to_one_head_per_group():
+    model, batch = lm("llama"), tiny_batch("llama", batch_size=4)
+    plans = list(reestimated_plans(model, [batch], [0, 5, 9, 13, 17, 21, 24], normalize_p=2.0,
+                                   choice=HeadChoice("query")))
+    assert [sum(map(len, plan.values())) for plan in plans] == [0, 4, 8, 12, 16, 20, 24]
+    for plan in plans:  # each layer in whole slices: as many heads from each of its two groups
+        for heads in plan.values():
+            assert sum(h < 4 for h in heads) == sum(h >= 4 for h in heads)

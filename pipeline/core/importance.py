@@ -116,15 +116,16 @@ def rank_heads(importance: Sequence[torch.Tensor], groups: Groups | None = None,
     - unit "query": a layer's k-th unit is the k-th least important head of every group (the same number
       of query heads leaves each group), so the key/value heads stay until their last query head goes;
     - unit "group": a whole group, its key/value head with it.
-    With one head per group (multi-head attention) both are the plain ranking of heads.
+    Multi-head attention (`groups` None: every head a group of its own) is the plain ranking of heads.
     """
     if unit not in HEAD_UNITS:
         raise ValueError(f"unit must be one of {', '.join(HEAD_UNITS)}, got {unit!r}")
-    groups = _singletons([len(t) for t in importance]) if groups is None else groups
+    if groups is None:
+        groups, unit = _singletons([len(t) for t in importance]), "group"
     units = []  # (score, site, position of the unit within its site, heads)
     for site, (scores, site_groups) in enumerate(zip(importance, groups, strict=True)):
         score = [float(x) for x in scores]
-        if unit == "group" or all(len(group) == 1 for group in site_groups):
+        if unit == "group":
             units += [(sum(score[h] for h in group), site, g, list(group)) for g, group in enumerate(site_groups)]
             continue
         # Each group's heads, least important first; the k-th slice takes the k-th of every group.
@@ -152,10 +153,11 @@ def random_order(num_heads: Sequence[int], seed: int, groups: Groups | None = No
 
 def _whole_units(groups: Sequence[Sequence[int]], gone: set[int], unit: str) -> bool:
     """Whether removing `gone` leaves a site in whole units: for unit "query", every key/value group the same
-    size, emptied ones included (the same number of query heads left each group); for unit "group" (and
-    multi-head attention, one head per group), every group whole or gone."""
+    size, emptied ones included (the same number of query heads left each group); for unit "group", every group
+    whole or gone. (A grouped site down to one query head per group still goes a whole slice at a time under
+    unit "query": it is not multi-head attention, whose heads each have a key/value head of their own.)"""
     left = [len([h for h in group if h not in gone]) for group in groups]
-    if unit == "group" or all(len(group) == 1 for group in groups):
+    if unit == "group":
         return all(n in (0, len(group)) for n, group in zip(left, groups, strict=True))
     return len(set(left)) <= 1
 
@@ -177,7 +179,8 @@ def select_heads(
     Returns `{site: [head, ...]}`, the form `prune_heads` and gate masks take.
     """
     grouped = groups is not None
-    groups = _singletons(num_heads) if groups is None else groups
+    if groups is None:  # multi-head attention: every head a whole group of its own
+        groups, unit = _singletons(num_heads), "group"
     if uniform:
         per_site = count // len(num_heads) if num_heads else 0
         budget = [per_site] * len(num_heads)
@@ -224,15 +227,20 @@ class HeadChoice:
     min_heads_per_site: int = 0
 
     def rank(self, importance: Sequence[torch.Tensor], sites: Sequence[AttentionSite]) -> list[Head]:
-        return rank_heads(importance, [site.head_groups for site in sites], self.unit)
+        return rank_heads(importance, _groups(sites), self.unit)
 
     def random(self, sites: Sequence[AttentionSite], seed: int) -> list[Head]:
-        return random_order([site.num_heads for site in sites], seed, [site.head_groups for site in sites], self.unit)
+        return random_order([site.num_heads for site in sites], seed, _groups(sites), self.unit)
 
     def select(self, order: Sequence[Head], sites: Sequence[AttentionSite], count: int) -> dict[int, list[int]]:
-        grouped = any(site.original_group_size > 1 for site in sites)
         return select_heads(order, [site.num_heads for site in sites], count, self.min_heads_per_site,
-                            [site.head_groups for site in sites] if grouped else None, self.uniform, self.unit)
+                            _groups(sites), self.uniform, self.unit)
+
+
+def _groups(sites: Sequence[AttentionSite]) -> list[list[list[int]]] | None:
+    """The sites' key/value groups under grouped-query attention (as it was before any pruning); None for
+    multi-head attention."""
+    return [site.head_groups for site in sites] if any(site.original_group_size > 1 for site in sites) else None
 
 
 PAPER_CHOICE = HeadChoice()  # the paper's: heads one by one in the global ranking, no layer kept

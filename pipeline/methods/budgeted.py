@@ -89,7 +89,7 @@ def head_units(model: nn.Module, head_fisher: Sequence[torch.Tensor], unit: str)
     units = []
     for site, fisher in zip(attention_sites(model), head_fisher, strict=True):
         groups = site.head_groups
-        if unit == "group" or all(len(group) == 1 for group in groups):
+        if unit == "group" or site.original_group_size == 1:  # whole groups; multi-head: single heads
             units.append(groups)
             continue
         by_group = [sorted(group, key=lambda h: (float(fisher[h]), h)) for group in groups]
