@@ -167,12 +167,13 @@ def test_a_folder_without_a_config_is_not_a_model(project):
 
 
 def test_an_unsupported_family_is_refused_in_prepare_with_the_supported_ones_listed(project):
-    Path("gpt2").mkdir()
-    (Path("gpt2") / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    (Path("gpt2") / "model.safetensors").write_bytes(b"")
-    (Path("gpt2") / "tokenizer.json").write_text("{}")
-    line = only(problems(model={"name_or_path": "gpt2"}))
-    assert line.startswith("model.name_or_path: gpt2 is a gpt2 model, which the head-surgery core does not support; "
+    Path("pythia").mkdir()
+    (Path("pythia") / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
+    (Path("pythia") / "model.safetensors").write_bytes(b"")
+    (Path("pythia") / "tokenizer.json").write_text("{}")
+    line = only(problems(model={"name_or_path": "pythia"}))
+    assert line.startswith("model.name_or_path: pythia is a gpt_neox model, which the head-surgery core does not "
+                           "support; "
                            "supported families (config.json model_type): bart, bert, distilbert, electra,")
 
 
@@ -267,11 +268,11 @@ def test_a_hub_model_is_checked_from_its_config_alone_when_the_hub_is_reachable(
 
     from pipeline.tasks import inputs
 
-    Path("gpt2.json").write_text(json.dumps({"model_type": "gpt2"}))
+    Path("pythia.json").write_text(json.dumps({"model_type": "gpt_neox"}))
     fetched = []
     monkeypatch.setattr(inputs, "hub_unreachable", lambda: None)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name: fetched.append((repo, name)) or
-                        "gpt2.json")
-    assert only(problems(model={"name_or_path": "openai-community/gpt2"})).startswith(
-        "model.name_or_path: openai-community/gpt2 is a gpt2 model, which the head-surgery core does not support")
-    assert fetched == [("openai-community/gpt2", "config.json")]
+                        "pythia.json")
+    assert only(problems(model={"name_or_path": "EleutherAI/pythia-70m"})).startswith(
+        "model.name_or_path: EleutherAI/pythia-70m is a gpt_neox model, which the head-surgery core does not support")
+    assert fetched == [("EleutherAI/pythia-70m", "config.json")]

@@ -297,7 +297,7 @@ def test_default_lm_params_are_a_gqa_llama_and_the_llm_params_file_validates():
     ({"model": {"name_or_path": "Qwen/Qwen2.5-0.5B", "layers": 3}}, "model.layers: the shape of a scratch model"),
     ({"data": {"max_lenght": 64}}, "data.max_lenght: unknown key; allowed here: source"),
     ({"finetune": {"steps": 0}}, "finetune.steps: Input should be greater than or equal to 1"),
-    ({"prune": {"budgeted": {"methods": ["budgeted-tuned"], "save_levels": []}}}, "needs an encoder-only model"),
+    ({"prune": {"unit": "heads"}}, "prune.unit: Input should be 'query' or 'group'"),
 ])
 def test_bad_lm_params_fail_in_one_line(raw, message):
     with pytest.raises(ParamsError) as error:
