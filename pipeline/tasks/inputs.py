@@ -21,7 +21,7 @@ import numpy as np
 
 from pipeline.core.sites import FAMILIES
 from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS
-from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA
+from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA, HubCorpus
 from pipeline.tasks.local_files import (
     FORMATS,
     InputError,
@@ -383,28 +383,38 @@ def translation_source_problems(source: str, source_column: str, target_column: 
     """Problems with `data.source` of a translation experiment (the offline default has none)."""
     if source == DEFAULT:
         return []
-    corpus, _, pair = source.partition("/")
-    if corpus in HUB_CORPORA:
-        if pair not in HUB_CORPORA[corpus].pairs:
-            return [f"data.source: unknown {corpus} language pair {pair!r}; allowed: "
-                    f"{', '.join(HUB_CORPORA[corpus].pairs)}"]
-        reason = hub_unreachable()
-        return [] if reason is None else [_offline_advice(
-            f"data.source: {source} is read from the Hugging Face hub ({HUB_CORPORA[corpus].repo}), which is "
-            f"unreachable from here ({reason}); save its pairs as local train/dev/test TSV or JSONL files with "
-            f"source and target columns and point data.source at their folder")]
+    if source.partition("/")[0] in HUB_CORPORA:
+        return _hub_corpus_problems(source, HUB_CORPORA, "language pair", "pairs as local train/dev/test TSV or "
+                                    "JSONL files with source and target columns")
     try:
         pairs = local_pairs(source, source_column, target_column, source_lang, target_lang)
-        sizes = {split: len(sources) for split, (sources, _) in pairs.items()}
-        f = check_fractions(fractions)
-        carved = [s for s in SPLITS if s not in sizes]
-        for split in carved:  # split_by_source cuts whole groups, so this is the size it aims at
-            if sizes["train"] * f[SPLITS.index(split)] / (f[0] + sum(f[SPLITS.index(s)] for s in carved)) < 1:
-                raise InputError(f"data: {split} would get no pairs out of {sizes['train']} training pairs by "
-                                 f"data.fractions {list(fractions)}; give more pairs, or a {split} file")
+        # split_by_source cuts whole groups, so the training size is the size it aims at
+        _check_carved_splits(len(pairs["train"][0]), set(pairs), fractions, "pairs", "training pairs")
     except InputError as error:
         return [str(error)]
     return []
+
+
+def _hub_corpus_problems(source: str, corpora: dict[str, HubCorpus], config_kind: str, save_as: str) -> list[str]:
+    """A `<corpus>/<config>` source on the hub: an unknown config, or the hub unreachable (with what to save)."""
+    corpus, _, config = source.partition("/")
+    if config not in corpora[corpus].pairs:
+        return [f"data.source: unknown {corpus} {config_kind} {config!r}; allowed: {', '.join(corpora[corpus].pairs)}"]
+    reason = hub_unreachable()
+    return [] if reason is None else [_offline_advice(
+        f"data.source: {source} is read from the Hugging Face hub ({corpora[corpus].repo}), which is unreachable "
+        f"from here ({reason}); save its {save_as} and point data.source at their folder")]
+
+
+def _check_carved_splits(train_size: int, given: set[str], fractions: tuple[float, ...], items: str,
+                         out_of: str) -> None:
+    """Each split carved out of train (no file of its own) gets at least one item by `data.fractions`."""
+    f = check_fractions(fractions)
+    carved = [s for s in SPLITS if s not in given]
+    for split in carved:
+        if train_size * f[SPLITS.index(split)] / (f[0] + sum(f[SPLITS.index(s)] for s in carved)) < 1:
+            raise InputError(f"data: {split} would get no {items} out of {train_size} {out_of} by "
+                             f"data.fractions {list(fractions)}; give more {items}, or a {split} file")
 
 
 # --- language-modelling data ------------------------------------------------------------------------------------------
@@ -444,24 +454,12 @@ def language_modeling_source_problems(source: str, text_column: str, fractions: 
     """Problems with `data.source` of a language-modelling experiment (the offline default has none)."""
     if source == DEFAULT:
         return []
-    corpus, _, config = source.partition("/")
-    if corpus in LM_CORPORA:
-        if config not in LM_CORPORA[corpus].pairs:
-            return [f"data.source: unknown {corpus} config {config!r}; allowed: {', '.join(LM_CORPORA[corpus].pairs)}"]
-        reason = hub_unreachable()
-        return [] if reason is None else [_offline_advice(
-            f"data.source: {source} is read from the Hugging Face hub ({LM_CORPORA[corpus].repo}), which is "
-            f"unreachable from here ({reason}); save its texts as local train/dev/test .txt files (one text a line) "
-            f"and point data.source at their folder")]
+    if source.partition("/")[0] in LM_CORPORA:
+        return _hub_corpus_problems(source, LM_CORPORA, "config", "texts as local train/dev/test .txt files (one "
+                                    "text a line)")
     try:
         texts = local_texts(source, text_column)
-        f = check_fractions(fractions)
-        carved = [s for s in SPLITS if s not in texts]
-        unique = len(set(texts["train"]))
-        for split in carved:
-            if unique * f[SPLITS.index(split)] / (f[0] + sum(f[SPLITS.index(s)] for s in carved)) < 1:
-                raise InputError(f"data: {split} would get no texts out of {unique} distinct training texts by "
-                                 f"data.fractions {list(fractions)}; give more text, or a {split} file")
+        _check_carved_splits(len(set(texts["train"])), set(texts), fractions, "texts", "distinct training texts")
     except InputError as error:
         return [str(error)]
     return []
