@@ -383,12 +383,17 @@ class TranslationPruneParams(PruneParams):
         return self
 
 
-class TranslationBenchmarkParams(Section):
+class GenerationBenchmarkParams(Section):
+    """Timing `generate()`: every model decodes exactly `new_tokens` tokens (equal work), `repeats` times a cell."""
+
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 16, 64], min_length=1)
-    new_tokens: int = Field(16, ge=1)  # every model decodes exactly this many tokens: equal work
+    new_tokens: int = Field(16, ge=1)
     repeats: int = Field(3, ge=1)
-    attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
+
+
+class TranslationBenchmarkParams(GenerationBenchmarkParams):
+    attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
 
 
 class TranslationParams(ExperimentSection):
@@ -490,20 +495,19 @@ class LanguageModelingPruneParams(PruneParams):
     reestimate: bool = False
 
 
-class LanguageModelingBenchmarkParams(Section):
+class LanguageModelingBenchmarkParams(GenerationBenchmarkParams):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
     prompt_tokens: int = Field(64, ge=1)  # every prompt this long: prefill tokens/s, and the cache decoding starts at
     new_tokens: int = Field(32, ge=1)  # greedy decode steps timed, from the prompt's cache
     repeats: int = Field(5, ge=1)
-    precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
 
 
-class LanguageModelingRecoverParams(Section):
+class LanguageModelingRecoverParams(LanguageModelTrainParams):
+    """Recovery after pruning: the same optimiser as training, briefly and gently."""
+
     steps: int = Field(50, ge=1)
-    batch_size: int = Field(64, ge=1)
     learning_rate: float = Field(2e-4, gt=0)
     warmup_steps: int = Field(5, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
 
 
 class LanguageModelingParams(ExperimentSection):
