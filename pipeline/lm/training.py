@@ -5,7 +5,7 @@ every LM's pre-training)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.lm.llama import batch_nll, collate_texts
+from pipeline.tasks.evaluation import length_grouped_batches
 from pipeline.training.optim import adamw, train_step
 
 
@@ -42,21 +43,6 @@ def linear_schedule(warmup_steps: int, steps: int) -> Callable[[int], float]:
         return max(0.0, (steps - step) / max(1, steps - warmup))
 
     return factor
-
-
-def length_grouped_batches(lengths: np.ndarray, batch_size: int, generator: np.random.Generator
-                           ) -> Iterator[np.ndarray]:
-    """One epoch of batches (row indices): shuffled, sorted by length within chunks of 50 batches (little padding,
-    as HF Trainer's group_by_length), then the batches shuffled."""
-    perm = generator.permutation(len(lengths))
-    mega = batch_size * 50
-    batches = []
-    for start in range(0, len(perm), mega):
-        chunk = perm[start : start + mega]
-        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
-        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-    for b in generator.permutation(len(batches)):
-        yield batches[b]
 
 
 def train_language_model(
@@ -88,7 +74,7 @@ def train_language_model(
     model.train()
     with tqdm(total=cfg.steps, desc="train", disable=not progress) as bar:
         while len(losses) < cfg.steps:
-            for rows in length_grouped_batches(lengths, cfg.batch_size, generator):
+            for rows in length_grouped_batches(lengths, cfg.batch_size, generator.permutation):
                 batch = {k: v.to(device) for k, v in collate_texts([sequences[i] for i in rows], pad_id).items()}
                 with runtime.autocast():
                     nll, tokens = batch_nll(model, batch)

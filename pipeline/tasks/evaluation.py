@@ -7,7 +7,7 @@ its own longest sequence; predictions come back in the split's original order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,19 +64,26 @@ def make_eval_set(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase,
 def training_batches(
     dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int, generator: torch.Generator
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """One epoch of shuffled batches, grouped by length to cut padding (as HF Trainer's group_by_length):
-    shuffle, sort within mega-batches of 50 batches, then shuffle the batches."""
+    """One epoch of shuffled batches, grouped by length (`length_grouped_batches`)."""
     lengths = np.array([len(ids) for ids in dataset["input_ids"]])
-    perm = torch.randperm(len(dataset), generator=generator).numpy()
+    collator = DataCollatorWithPadding(tokenizer)
+    for rows in length_grouped_batches(lengths, batch_size, lambda n: torch.randperm(n, generator=generator).numpy()):
+        yield _collate(collator, dataset, rows.tolist())
+
+
+def length_grouped_batches(lengths: np.ndarray, batch_size: int, permutation: Callable[[int], np.ndarray]
+                           ) -> list[np.ndarray]:
+    """One epoch of batches (row indices), grouped by length to cut padding (as HF Trainer's group_by_length):
+    shuffle, sort within mega-batches of 50 batches, then shuffle the batches. `permutation(n)` is a random order
+    of range(n) drawn from the caller's generator, so each caller keeps its own random stream."""
+    perm = permutation(len(lengths))
     mega = batch_size * 50
     batches = []
     for start in range(0, len(perm), mega):
         chunk = perm[start : start + mega]
         chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
         batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-    collator = DataCollatorWithPadding(tokenizer)
-    for b in torch.randperm(len(batches), generator=generator).tolist():
-        yield _collate(collator, dataset, batches[b].tolist())
+    return [batches[b] for b in permutation(len(batches))]
 
 
 @torch.inference_mode()
