@@ -39,6 +39,9 @@ def paper_plan_at_cost(model: nn.Module, order: Sequence[Head], costs: UnitCosts
     every head is not enough."""
     sites = attention_sites(model)
     budget = keep * costs.total * (1 + 1e-9)
+    # A linear scan, not a bisection: in whole units (KV groups, equal groups, a floor per site) the plan at
+    # count + 1 need not contain the plan at count, so the cost need not fall monotonically. Each step is one
+    # select(), so the scan is quadratic in the heads: 0.1 s at 144 heads, 11 s at 1024 (Llama-3-8B), measured here.
     for count in range(sum(site.num_heads for site in sites) + 1):
         plan = choice.select(order, sites, count)
         if costs.total - sum(costs.head[site] * len(heads) for site, heads in plan.items()) <= budget:
