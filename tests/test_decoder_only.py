@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -29,7 +31,15 @@ from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import PRUNING_FILE
 from pipeline.methods.budgeted import gate_gradients
 from pipeline.methods.pruning import reestimated_plans
-from tests.tiny_models import GQA, LM_FAMILIES, logits, randomize_biases, tiny_batch, tiny_model
+from tests.tiny_models import (
+    GQA,
+    LM_FAMILIES,
+    assert_per_example_gradients_are_each_examples_own,
+    logits,
+    randomize_biases,
+    tiny_batch,
+    tiny_model,
+)
 
 IMPLS = [(family, impl) for family in LM_FAMILIES for impl in ("sdpa", "eager")]
 
@@ -46,13 +56,13 @@ def grouped_plan(model) -> dict[int, list[int]]:
     return {0: first_of_each, 1: list(range(sites[1].num_heads)), 2: sites[2].head_groups[0]}
 
 
-def masked(model, plan: dict[int, list[int]]):
+@contextmanager
+def masked(model, plan: dict[int, list[int]]) -> Iterator[None]:
     """A context in which the heads of `plan` are gated to zero."""
-    gates_cm = head_gates(model)
-    gates = gates_cm.__enter__()
-    for site, heads in plan.items():
-        gates[site][heads] = 0.0
-    return gates_cm
+    with head_gates(model) as gates:
+        for site, heads in plan.items():
+            gates[site][heads] = 0.0
+        yield
 
 
 # --- sites -------------------------------------------------------------------------------------------
@@ -128,16 +138,7 @@ def test_head_and_neuron_gate_gradients_match_float64_central_finite_differences
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_per_example_gates_give_each_examples_own_gradient_in_one_backward(family):
-    model, batch = in_float64(lm(family, "sdpa")), tiny_batch(family, batch_size=3)
-    with head_gates(model) as gates:
-        leaves = gates.per_example(3)
-        per_example_loss(model, batch).sum().backward()
-        batched = torch.stack([leaf.grad for leaf in leaves], dim=1)  # [batch, sites, heads]
-        for i in range(3):
-            single = {k: v[i : i + 1] for k, v in batch.items()}
-            ones = gates.per_example(1)
-            per_example_loss(model, single).sum().backward()
-            assert torch.allclose(batched[i], torch.stack([g.grad[0] for g in ones]), atol=1e-10)
+    assert_per_example_gradients_are_each_examples_own(in_float64(lm(family, "sdpa")), tiny_batch(family, batch_size=3))
 
 
 def test_the_loss_of_a_causal_lm_is_each_examples_mean_next_token_nll_with_padding_masked():
@@ -161,11 +162,10 @@ def test_pruned_equals_gated_for_logits_greedy_and_beam_generation_with_the_kv_c
     plan = grouped_plan(model)
     prompt = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 6,
               "do_sample": False, "pad_token_id": 0}
-    gates = masked(model, plan)
-    gated = logits(model, batch)
-    greedy = model.generate(**prompt, output_scores=True, return_dict_in_generate=True)
-    beam = model.generate(**prompt, num_beams=3)
-    gates.__exit__(None, None, None)
+    with masked(model, plan):
+        gated = logits(model, batch)
+        greedy = model.generate(**prompt, output_scores=True, return_dict_in_generate=True)
+        beam = model.generate(**prompt, num_beams=3)
     prune_heads(model, plan)
     assert (logits(model, batch) - gated).abs().max() <= 1e-5
     pruned = model.generate(**prompt, output_scores=True, return_dict_in_generate=True)

@@ -26,6 +26,7 @@ from tests.tiny_models import (
     FAMILIES,
     FAMILY_IMPLS,
     SEQ2SEQ,
+    assert_per_example_gradients_are_each_examples_own,
     impl_for,
     logits,
     non_uniform_plan,
@@ -96,15 +97,7 @@ def test_gate_gradient_matches_float64_central_finite_difference(family):
 @pytest.mark.parametrize("family", ["bert", "marian"])
 def test_per_example_gates_give_each_examples_own_gradient_in_one_backward(family):
     model, batch = tiny_model(family).double(), tiny_batch(family, batch_size=3, padded=False)
-    with head_gates(model) as gates:
-        leaves = gates.per_example(3)
-        per_example_loss(model, batch).sum().backward()
-        batched = torch.stack([leaf.grad for leaf in leaves], dim=1)  # [batch, sites, heads]
-        for i in range(3):
-            single = {k: v[i : i + 1] for k, v in batch.items()}
-            ones = gates.per_example(1)
-            per_example_loss(model, single).sum().backward()
-            assert torch.allclose(batched[i], torch.stack([g.grad[0] for g in ones]), atol=1e-10)
+    assert_per_example_gradients_are_each_examples_own(model, batch)
 
 
 # --- importance --------------------------------------------------------------------------------------

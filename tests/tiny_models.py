@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import transformers
 
+from pipeline.core.gates import head_gates
+from pipeline.core.importance import per_example_loss
 from pipeline.core.sites import attention_sites
 
 VOCAB = 96
@@ -112,3 +114,17 @@ def randomize_biases(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
             if name.endswith("bias"):
                 param.copy_(0.1 * torch.randn(param.shape, generator=g))
     return model
+
+
+def assert_per_example_gradients_are_each_examples_own(model: torch.nn.Module, batch: dict) -> None:
+    """Per-example gates give, in one backward over the batch, the gradient each example gives alone."""
+    size = len(batch["input_ids"])
+    with head_gates(model) as gates:
+        leaves = gates.per_example(size)
+        per_example_loss(model, batch).sum().backward()
+        batched = torch.stack([leaf.grad for leaf in leaves], dim=1)  # [batch, sites, heads]
+        for i in range(size):
+            single = {k: v[i : i + 1] for k, v in batch.items()}
+            ones = gates.per_example(1)
+            per_example_loss(model, single).sum().backward()
+            assert torch.allclose(batched[i], torch.stack([g.grad[0] for g in ones]), atol=1e-10)
