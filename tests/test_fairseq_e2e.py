@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from tests.tiny_project import MT_COLUMNS, ran_stages, run, traced_env, undeclared_params
+from tests.tiny_project import MT_COLUMNS, make_pipeline_repo, ran_stages, run, traced_env, undeclared_params
 
 if importlib.util.find_spec("fairseq") is None:
     if os.environ.get("CI"):
@@ -57,22 +57,12 @@ def trace_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, fairseq_toy_checkpoint, trace_dir) -> Path:
-    root = tmp_path_factory.mktemp("fairseq_repo")
-    for package in ("pipeline", "stages"):
-        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "mt-fairseq").mkdir()
-    shutil.copy(ROOT / "mt-fairseq" / "dvc.yaml", root / "mt-fairseq" / "dvc.yaml")
-    (root / "mt-fairseq" / "params.yaml").write_text(yaml.safe_dump(tiny_fairseq_params(), sort_keys=False))
+    root = make_pipeline_repo(tmp_path_factory.mktemp("fairseq_repo"), "mt-fairseq", tiny_fairseq_params())
     # The user's checkpoint and data-bin, inside the repository as the README suggests (prepare's deps).
     (root / "toy").mkdir()
     shutil.copy(fairseq_toy_checkpoint, root / "toy" / "checkpoint_last.pt")
     shutil.copytree(fairseq_toy_checkpoint.parents[1] / "data-bin", root / "toy" / "data-bin")
     shutil.copy(fairseq_toy_checkpoint.parents[1] / "test.tgt", root / "toy" / "test.tgt")
-    run(["git", "init", "-q"], root)
-    run(["dvc", "init", "-q"], root)
-    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
-    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")
-    shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")  # no __pycache__ in the code deps' hashes
     output = run(["dvc", "repro", "mt-fairseq/dvc.yaml"], root, traced_env(trace_dir))
     assert [s.removeprefix("mt-fairseq/dvc.yaml:") for s in ran_stages(output)] == STAGES
     return root

@@ -5,15 +5,13 @@ pruning in whole query units, recovery and the report, every stage declaring the
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from tests.test_language_modeling import corpus, tiny_lm_params
-from tests.tiny_project import ran_stages, run, traced_env, undeclared_params
+from tests.tiny_project import make_pipeline_repo, ran_stages, run, traced_env, undeclared_params
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
@@ -39,18 +37,8 @@ def trace_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, trace_dir) -> Path:
-    root = tmp_path_factory.mktemp("llm_repo")
-    for package in ("pipeline", "stages"):
-        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "llm").mkdir()
-    shutil.copy(ROOT / "llm" / "dvc.yaml", root / "llm" / "dvc.yaml")
-    (root / "llm" / "params.yaml").write_text(yaml.safe_dump(tiny_llm_pipeline_params(), sort_keys=False))
+    root = make_pipeline_repo(tmp_path_factory.mktemp("llm_repo"), "llm", tiny_llm_pipeline_params())
     (root / "corpus.txt").write_text("\n".join(corpus(400)) + "\n")
-    run(["git", "init", "-q"], root)
-    run(["dvc", "init", "-q"], root)
-    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
-    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")
-    shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")
     first = run(["dvc", "repro", "llm/dvc.yaml"], root, traced_env(trace_dir))
     assert [s.removeprefix("llm/dvc.yaml:") for s in ran_stages(first)] == STAGES
     return root

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.tiny_project import MT_COLUMNS, ran_stages, run, traced_env, undeclared_params
+from tests.tiny_project import MT_COLUMNS, make_pipeline_repo, ran_stages, run, traced_env, undeclared_params
 
 ROOT = Path(__file__).resolve().parents[1]
 LEXICON = {"the": "el", "cat": "gato", "dog": "perro", "eats": "come", "sees": "ve", "big": "grande",
@@ -53,18 +53,8 @@ def trace_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, trace_dir) -> Path:
-    root = tmp_path_factory.mktemp("mt_repo")
-    for package in ("pipeline", "stages"):
-        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "mt").mkdir()
-    shutil.copy(ROOT / "mt" / "dvc.yaml", root / "mt" / "dvc.yaml")
-    (root / "mt" / "params.yaml").write_text(yaml.safe_dump(tiny_mt_params(), sort_keys=False))
+    root = make_pipeline_repo(tmp_path_factory.mktemp("mt_repo"), "mt", tiny_mt_params())
     write_pairs(root / "pairs.tsv")
-    run(["git", "init", "-q"], root)
-    run(["dvc", "init", "-q"], root)
-    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
-    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")
-    shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")  # no __pycache__ in the code deps' hashes
     first = run(["dvc", "repro", "mt/dvc.yaml"], root, traced_env(trace_dir))
     assert [s.removeprefix("mt/dvc.yaml:") for s in ran_stages(first)] == [
         "prepare", "finetune", "ablate", "score", "prune", "benchmark", "report"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,22 @@ def tiny_params() -> dict:
 def make_tiny_project(root: Path, extra_files: tuple[str, ...] = (), params: dict | None = None) -> Path:
     """A git + DVC repository at `root` with `params` (default: the tiny params); nothing reproduced yet."""
     return library_make_tiny_project(root, params, extra_files, source=ROOT)
+
+
+def make_pipeline_repo(root: Path, pipeline: str, params: dict) -> Path:
+    """A git + DVC repository at `root` with this repo's stage code and the `pipeline` folder's dvc.yaml (mt,
+    mt-fairseq, llm), `params` as its params.yaml; nothing reproduced yet."""
+    for package in ("pipeline", "stages"):
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / pipeline).mkdir()
+    shutil.copy(ROOT / pipeline / "dvc.yaml", root / pipeline / "dvc.yaml")
+    (root / pipeline / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["git", "init", "-q"], root)
+    run(["dvc", "init", "-q"], root)
+    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")
+    shutil.copytree(ROOT / ".dvc" / "plots", root / ".dvc" / "plots")
+    shutil.copy(ROOT / ".dvcignore", root / ".dvcignore")  # no __pycache__ in the code deps' hashes
+    return root
 
 
 def with_budgeted(params: dict) -> dict:
