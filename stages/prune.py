@@ -23,8 +23,8 @@ from pipeline.core.checkpoint import stock_config
 from pipeline.core.importance import HeadChoice
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE, tolerance_text
-from pipeline.methods.comparison import LatencyShape, budgeted_comparison, empty_budgeted_table
+from pipeline.files.schema import BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE, LAYERS_TABLE, tolerance_text
+from pipeline.methods.comparison import LatencyShape, budgeted_comparison, collapse_lines, empty_budgeted_tables
 from pipeline.methods.pruning import (
     CurveEvaluator,
     checkpoint_curves,
@@ -104,14 +104,22 @@ def prune(exp: Experiment) -> None:
         summary[split] = {"prunable_fraction_within_1pt": fraction, "metric_at_prunable": metric, "unpruned": base}
 
     b = pp.budgeted
-    budgeted_table = empty_budgeted_table()
+    budgeted_table, budgeted_layers = empty_budgeted_tables()
     if b.methods:
         budget_evals = evals if b.max_examples == pp.max_examples else sweep_evals(exp, b.max_examples)
         tune_batches = exp.sample_batches(b.tune_examples) if BUDGETED_TUNED in b.methods else []
+        calibration = exp.sample_batches(b.calibration_examples, skip=b.fisher_examples) if b.calibration_examples \
+            else []
+        if b.calibration_examples and not calibration:
+            log.warning("prune: %s has no examples left after the Fisher sample's %d: the budgeted methods choose "
+                        "on the raw Fisher information", p.score.split, b.fisher_examples)
         result = budgeted_comparison(
             model, order, probe, CurveEvaluator(model, budget_evals, probe), exp.sample_batches(b.fisher_examples),
             tune_batches, b.methods, b.levels, b.budget, LatencyShape(**b.latency.model_dump()),
-            first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels, choice=choice)
+            first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels, choice=choice,
+            calibration=calibration, metric=exp.task()["metric"], collapse=b.collapse, head_importance=importance)
+        for line in collapse_lines(result.table, b.budget):
+            log.warning("prune: %s", line)
         for level, pruned in result.models.items():
             exp.save(pruned, exp.budgeted_dir(level))
         for level in sorted(set(b.save_levels) - set(result.models)):
@@ -121,10 +129,11 @@ def prune(exp: Experiment) -> None:
             if key.startswith("whole_prune@"):
                 log.info("prune: %s with %s of the %s removed took %.0f s in all", BUDGETED_TUNED,
                          key.removeprefix("whole_prune@"), b.budget, seconds)
-        budgeted_table, summary["budgeted"] = result.table, result.summary
+        budgeted_table, budgeted_layers, summary["budgeted"] = result.table, result.layers, result.summary
         if result.latency_table is not None:
             summary["budgeted"]["latency_table"] = result.latency_table
     write_csv(exp.reports / "budgeted_curve.csv", budgeted_table)
+    write_csv(exp.reports / LAYERS_TABLE, budgeted_layers)
     write_json(exp.reports / "prune.json", summary)
     prunable = ", ".join(f"{100 * summary[s]['prunable_fraction_within_1pt']:.0f}% on {s}" for s in evals)
     log.info("prune: within %s of unpruned, %s of heads can go (importance order)",

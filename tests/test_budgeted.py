@@ -19,10 +19,13 @@ from pipeline.methods.budgeted import (
     Selection,
     UnitCosts,
     budgeted_prune,
+    calibration_loss,
+    candidate_selections,
     flop_costs,
     gate_gradients,
     latency_costs,
     latency_table,
+    per_layer_normalised,
     rearrange_site,
     search,
     tune,
@@ -340,3 +343,84 @@ def test_budgeted_prune_of_a_gqa_model_removes_whole_units_and_meets_the_flop_bu
         else:
             assert site.num_kv_heads in (0, 2)  # key/value heads stay until their last query head goes
     assert forward_flops(result.model, probe("llama")) <= keep * costs.total * 1.05  # FLOPs model: k/v shared
+
+
+# --- robust choice: per-layer normalisation, fixed splits, a held-out calibration sample ---------------------
+
+def test_per_layer_normalisation_gives_every_site_unit_l2_norm_and_leaves_an_all_zero_site_alone():
+    normalised = per_layer_normalised([torch.tensor([3.0, 4.0]), torch.zeros(3), torch.tensor([1e-6, 0.0])])
+    assert [float(t.norm()) for t in normalised] == pytest.approx([1.0, 0.0, 1.0])
+    assert normalised[0].tolist() == pytest.approx([0.6, 0.8])
+
+
+def test_raw_fisher_empties_a_layer_whose_scale_is_small_and_the_normalised_candidate_does_not():
+    # The last layer's gradients are 1000x smaller, as Fisher information is near the loss; ranked raw, its
+    # heads all go first. Normalised per layer, each layer keeps its own best heads.
+    head_fisher = [torch.tensor([4.0, 3.0, 2.0, 1.0]), torch.tensor([4.0, 3.0, 2.0, 1.0]) * 1e-3]
+    neuron_fisher = [torch.ones(10), torch.ones(10)]
+    costs = _costs([4, 4], [10, 10])
+    raw = search(head_fisher, neuron_fisher, costs, keep=0.75, prune_neurons=False)
+    assert raw.counts[0] == [4, 0]
+    candidates = candidate_selections(raw_and_normalised(head_fisher, neuron_fisher), costs, 0.75,
+                                      prune_neurons=False, splits=4)
+    assert [c.counts[0] for c in candidates] == [[4, 0], [2, 2]]  # raw first; heads only: no split candidates
+
+
+def test_a_fixed_split_keeps_that_many_heads_and_gives_the_neurons_the_rest_of_the_budget():
+    g = torch.Generator().manual_seed(1)
+    head_fisher = [torch.rand(4, generator=g) for _ in range(2)]
+    neuron_fisher = [torch.rand(10, generator=g) for _ in range(2)]
+    costs = _costs([4, 4], [10, 10])
+    for heads_kept in (0, 3, 5):  # 150 in all, 50 fixed: 55 for the units at keep 0.7
+        chosen = search(head_fisher, neuron_fisher, costs, keep=0.7, heads_kept=heads_kept)
+        heads, neurons = chosen.counts
+        assert sum(heads) == heads_kept
+        assert costs.cost(heads, neurons) <= 0.7 * costs.total + 1e-9
+        assert costs.cost(heads, neurons) + costs.neuron[0] > 0.7 * costs.total or sum(neurons) == 20
+    with pytest.raises(BudgetError):
+        search(head_fisher, neuron_fisher, costs, keep=0.7, heads_kept=6)  # 60 > 55
+    splits = candidate_selections(raw_and_normalised(head_fisher, neuron_fisher), costs, 0.7, prune_neurons=True,
+                                  splits=4)
+    kept = {sum(c.counts[0]) for c in splits}
+    assert {0, 2, 4} <= kept and max(kept) <= 5  # the evenly spaced splits that fit, and Kwon's own; 6 and 8 do not
+
+
+@pytest.mark.parametrize("method", BUDGETED_METHODS)
+def test_the_calibrated_choice_is_the_candidate_with_the_lowest_held_out_loss(method):
+    model = tiny_model("bert", attn_implementation="eager")
+    data, held_out = batches("bert"), [tiny_batch("bert", batch_size=4, length=9, seed=seed) for seed in (7, 8)]
+    gradients = gate_gradients(model, data, progress=False)
+    costs = flop_costs(model, probe("bert"))
+    keep = 0.8 if method == BUDGETED_HEADS else 0.6
+    head_fisher, neuron_fisher = gradients.fisher()
+    importance = [torch.rand(site.num_heads, generator=torch.Generator().manual_seed(i))
+                  for i, site in enumerate(attention_sites(model))]
+    result = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data, calibration=held_out, splits=4,
+                            head_importance=importance)
+    scorings = [*raw_and_normalised(head_fisher, neuron_fisher), (importance, per_layer_normalised(neuron_fisher))]
+    candidates = candidate_selections(scorings, costs, keep, method != BUDGETED_HEADS, splits=4)
+    assert len(candidates) > 1
+    losses = [calibration_loss(budgeted_prune_model(model, c), held_out) for c in candidates]
+    best = candidates[losses.index(min(losses))]
+    assert result.selection.counts == best.counts  # rearrangement keeps each layer's count
+    assert forward_flops(result.model, probe("bert")) <= keep * costs.total * (1 + 1e-9)
+    again = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data, calibration=held_out, splits=4,
+                           head_importance=importance)
+    assert again.selection == result.selection
+
+
+def raw_and_normalised(head_fisher, neuron_fisher) -> list[tuple]:
+    return [(head_fisher, neuron_fisher), (per_layer_normalised(head_fisher), per_layer_normalised(neuron_fisher))]
+
+
+def budgeted_prune_model(model: torch.nn.Module, selection: Selection) -> torch.nn.Module:
+    head_plan, neuron_plan = selection.plans(model)
+    return prune_neurons(prune_heads(copy.deepcopy(model), head_plan), neuron_plan).eval()
+
+
+def test_calibration_loss_is_the_mean_over_examples_not_over_batches():
+    model = tiny_model("bert", attn_implementation="eager").eval()
+    one, three = tiny_batch("bert", batch_size=1, length=9, seed=1), tiny_batch("bert", batch_size=3, length=9, seed=2)
+    with torch.no_grad():
+        losses = torch.cat([per_example_loss(model, one), per_example_loss(model, three)])
+    assert calibration_loss(model, [one, three]) == pytest.approx(float(losses.mean()), rel=1e-6)

@@ -48,7 +48,8 @@ def test_repro_writes_every_table_figure_and_report(repo):
         "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
                           "ideal_speedup", "params", "device", "precision"],
         "budgeted_curve.csv": ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
-                               "neurons_pruned", "metric", "examples"],
+                               "neurons_pruned", "metric", "examples", "collapsed"],
+        "budgeted_layers.csv": ["method", "budget_removed", "unit", "kind", "layer", "kept", "of"],
         "benchmark_budgeted.csv": ["budget_removed", "batch_size", "attn_implementation", "speedup",
                                    "ideal_speedup", "device", "precision"],
     }
@@ -87,6 +88,12 @@ def test_budgeted_methods_meet_their_flop_budgets_and_reach_the_benchmark_and_re
     report = (reports / "report.md").read_text()
     assert "Beyond the paper: heads and FFN neurons under a FLOPs budget" in report
     assert "Kwon et al. (2022), reported" in report
+    assert "(figures/budgeted_layers.png)" in report
+    layers = pd.read_csv(reports / "budgeted_layers.csv")
+    kept = layers[(layers.method == "budgeted-tuned") & (layers.budget_removed == 0.4)]
+    neurons = kept[kept.unit == "neurons"]
+    assert neurons.kept.sum() == neurons["of"].sum() - budgeted[
+        (budgeted.method == "budgeted-tuned") & (budgeted.budget_removed == 0.4)].neurons_pruned.iloc[0]
 
 
 def test_second_repro_is_a_no_op(repo):

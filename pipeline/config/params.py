@@ -135,6 +135,12 @@ class BudgetedParams(Section):
     max_examples: int | None = Field(None, ge=10)  # of dev and test per evaluation; null = whole splits
     save_levels: list[float] = Field(default_factory=lambda: [0.4])  # budgeted-tuned models for benchmark
     latency: LatencyProbeParams = LatencyProbeParams()
+    # Of score.split, after the Fisher sample: held-out examples on whose loss each level's selection is chosen
+    # among the candidates (raw and per-layer-normalised Fisher, several head/neuron splits); 0: raw Fisher only.
+    calibration_examples: int = Field(256, ge=0)
+    # A level collapsed when its metric falls more than this below the level before or below unpruned: points
+    # (BLEU points), or for perplexity percent of the unpruned value. The prune stage logs it, the report flags it.
+    collapse: float = Field(10.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> BudgetedParams:

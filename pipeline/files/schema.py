@@ -64,6 +64,13 @@ def within_tolerance(metric: str, value: float, base: float) -> bool:
     return improvement(metric, value, worst_acceptable(metric, base)) >= -1e-9
 
 
+def loss_against(metric: str, value: float, base: float) -> float:
+    """How much worse `value` is than `base`, in the units `prune.budgeted.collapse` is given in: points (BLEU
+    points), or for a relative-tolerance metric (perplexity) percent of `base`. Positive = worse."""
+    loss = -improvement(metric, value, base)
+    return 100 * loss / abs(base) if metric in RELATIVE_TOLERANCE else loss
+
+
 def tolerance_text(metric: str, point: str = "point") -> str:
     """The tolerance in words: '1 point', '1 BLEU point', '5% perplexity'."""
     if metric in RELATIVE_TOLERANCE:
@@ -128,6 +135,7 @@ def checkpoint_step(name: str) -> int | None:
 
 
 # --- the tables an experiment writes (reports/<experiment>/): the columns every reader relies on ------
+LAYERS_TABLE = "budgeted_layers.csv"
 TABLE_COLUMNS = {
     "importance.csv": ["kind", "layer", "head", "importance"],
     "ablation.csv": ["kind", "layer", "head", "metric", "delta", "p_value"],
@@ -135,7 +143,9 @@ TABLE_COLUMNS = {
     "one_group.csv": ["kind", "layer", "best_group", "heads", "metric", "delta"],  # grouped-query attention only
     "pruning_curve.csv": ["method", "split", "fraction_pruned", "metric"],
     "budgeted_curve.csv": ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
-                           "neurons_pruned", "metric", "examples", "seconds"],
+                           "neurons_pruned", "metric", "examples", "seconds", "collapsed"],
+    # What each budgeted model keeps, layer by layer (unit: heads or neurons; of: the unpruned model's count).
+    LAYERS_TABLE: ["method", "budget_removed", "unit", "kind", "layer", "kept", "of"],
     "recovery.csv": ["fraction_pruned", "metric_before", "metric_after"],
     # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
     "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",

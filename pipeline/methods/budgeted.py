@@ -256,12 +256,20 @@ def _group(chosen: Iterable[tuple[int, int]], sizes: Sequence[int]) -> list[list
     return [sorted(g) for g in grouped]
 
 
+def per_layer_normalised(scores: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each site's scores divided by their L2 norm, as the paper normalises its head importance per layer. Fisher
+    information shrinks by orders of magnitude from the first layers to the last (the gradients reaching a gate
+    are smaller the nearer the loss), so ranked raw across layers it empties the last layers first."""
+    return [t / norm if (norm := t.norm()) > 0 else t for t in scores]
+
+
 def search(head_fisher: Sequence[torch.Tensor], neuron_fisher: Sequence[torch.Tensor], costs: UnitCosts,
-           keep: float, prune_neurons: bool = True) -> Selection:
+           keep: float, prune_neurons: bool = True, heads_kept: int | None = None) -> Selection:
     """The most important heads and neurons whose cost is at most `keep` times the unpruned model's.
 
     For every number k of heads kept (the k most important), the rest of the budget takes the most important
-    neurons that fit; the k with the largest total importance wins. With `prune_neurons=False` every neuron
+    neurons that fit; the k with the largest total importance wins, or k is `heads_kept` when given (the split
+    of the budget between heads and neurons chosen elsewhere). With `prune_neurons=False` every neuron
     stays and the heads get what is left. Raises `BudgetError` when no selection fits.
     """
     if not 0 < keep <= 1:
@@ -282,7 +290,7 @@ def search(head_fisher: Sequence[torch.Tensor], neuron_fisher: Sequence[torch.Te
         return Selection(_group(heads[:k], head_sizes), all_neurons)
     neurons, neuron_importance, neuron_cost = _ranked(neuron_fisher, costs.neuron)
     best = None
-    for k in range(len(heads) + 1):
+    for k in range(len(heads) + 1) if heads_kept is None else [heads_kept]:
         room = budget - head_cost[k]
         if room < -slack:
             break
@@ -329,6 +337,42 @@ def rearrange_site(kept: Sequence[int], gradients: torch.Tensor) -> list[int]:
 def rearrange(selection: Selection, gradients: UnitGradients) -> Selection:
     return Selection([rearrange_site(k, g) for k, g in zip(selection.heads, gradients.heads, strict=True)],
                      [rearrange_site(k, g) for k, g in zip(selection.neurons, gradients.neurons, strict=True)])
+
+
+def calibration_loss(model: nn.Module, batches: Batches) -> float:
+    """The mean loss of `model` on `batches`, every example weighing the same."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for batch in batches:
+            losses = per_example_loss(model, {k: v.to(device) for k, v in batch.items()})
+            total, count = total + float(losses.sum()), count + len(losses)
+    return total / count
+
+
+Scoring = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]  # per-site head scores, per-site neuron scores
+
+
+def candidate_selections(scorings: Sequence[Scoring], costs: UnitCosts, keep: float, prune_neurons: bool,
+                         splits: int) -> list[Selection]:
+    """The selections a calibrated choice compares, duplicates dropped: for each scoring of the heads and neurons,
+    Kwon's search (the split of the budget that keeps the most total score) and, with neurons, each of `splits + 1`
+    evenly spaced numbers of heads kept, the neurons taking the rest of the budget."""
+    found: dict[tuple, Selection] = {}
+    for heads, neurons in scorings:
+        total_heads = sum(len(t) for t in heads)
+        kept_counts = [None]
+        if prune_neurons and splits:
+            kept_counts += sorted({round(total_heads * i / splits) for i in range(splits + 1)})
+        for heads_kept in kept_counts:
+            try:
+                selection = search(heads, neurons, costs, keep, prune_neurons, heads_kept)
+            except BudgetError:
+                continue
+            found.setdefault((tuple(map(tuple, selection.heads)), tuple(map(tuple, selection.neurons))), selection)
+    if not found:
+        raise BudgetError(f"keeping {keep:.0%} of the {costs.unit} is out of reach")
+    return list(found.values())
 
 
 # --- 3. tuning ----------------------------------------------------------------------------------------------
@@ -504,15 +548,25 @@ class BudgetedPrune:
     seconds: dict[str, float]
 
 
+def _pruned(model: nn.Module, selection: Selection) -> nn.Module:
+    head_plan, neuron_plan = selection.plans(model)
+    return prune_neurons(prune_heads(copy.deepcopy(model), head_plan), neuron_plan).eval()
+
+
 def budgeted_prune(model: nn.Module, gradients: UnitGradients, costs: UnitCosts, keep: float, method: str,
                    tune_batches: Batches | None = None, first_token_last_layer: bool = False,
-                   progress: bool = False, choice: HeadChoice = PAPER_CHOICE) -> BudgetedPrune:
+                   progress: bool = False, choice: HeadChoice = PAPER_CHOICE, calibration: Batches = (),
+                   splits: int = 8, head_importance: Sequence[torch.Tensor] | None = None) -> BudgetedPrune:
     """Prune a copy of `model` to `keep` of its cost with one of `BUDGETED_METHODS`:
 
     - `budgeted-heads`: heads only, chosen by Fisher importance and rearranged;
     - `budgeted`: heads and FFN neurons jointly, chosen and rearranged;
     - `budgeted-tuned`: as `budgeted`, then tuned on `tune_batches`.
 
+    With `calibration` batches (held out from the Fisher sample), the choice is the `candidate_selections`
+    whose pruned model has the lowest loss on them, over three scorings: the raw Fisher information, the Fisher
+    information normalised per layer, and (given `head_importance`, per site) the paper's head importance with
+    the normalised Fisher information of the neurons. Without, Kwon's search on the raw Fisher information.
     Under grouped-query attention heads go in the units of `choice.unit` (`head_units`).
     """
     if method not in BUDGETED_METHODS:
@@ -522,17 +576,30 @@ def budgeted_prune(model: nn.Module, gradients: UnitGradients, costs: UnitCosts,
     units = head_units(model, gradients.fisher()[0], choice.unit)
     unit_gradients = _unit_gradients(gradients, units)
     head_fisher, neuron_fisher = unit_gradients.fisher()
-    selection = search(head_fisher, neuron_fisher, _unit_costs(costs, units), keep,
-                       prune_neurons=method != BUDGETED_HEADS)
+    unit_costs, prunes_neurons = _unit_costs(costs, units), method != BUDGETED_HEADS
+
+    def heads_of(selection: Selection) -> Selection:
+        """From kept units to kept heads."""
+        return Selection([sorted(h for u in kept for h in site_units[u])
+                          for kept, site_units in zip(selection.heads, units, strict=True)], selection.neurons)
+
+    if calibration:
+        scorings: list[Scoring] = [(head_fisher, neuron_fisher),
+                                   (per_layer_normalised(head_fisher), per_layer_normalised(neuron_fisher))]
+        if head_importance is not None:  # a unit's importance is the sum of its heads'
+            scorings.append(([torch.stack([scores[unit].sum() for unit in site_units]) if site_units else scores[:0]
+                              for scores, site_units in zip(head_importance, units, strict=True)],
+                             per_layer_normalised(neuron_fisher)))
+        candidates = candidate_selections(scorings, unit_costs, keep, prunes_neurons, splits)
+        losses = [calibration_loss(_pruned(model, heads_of(c)), calibration) for c in candidates]
+        selection = candidates[int(np.argmin(losses))]
+    else:
+        selection = search(head_fisher, neuron_fisher, unit_costs, keep, prune_neurons=prunes_neurons)
     seconds["search"] = time.perf_counter() - start
     start = time.perf_counter()
-    selection = rearrange(selection, unit_gradients)
-    # From kept units to kept heads.
-    selection = Selection([sorted(h for u in kept for h in site_units[u])
-                           for kept, site_units in zip(selection.heads, units, strict=True)], selection.neurons)
+    selection = heads_of(rearrange(selection, unit_gradients))
     seconds["rearrange"] = time.perf_counter() - start
-    head_plan, neuron_plan = selection.plans(model)
-    pruned = prune_neurons(prune_heads(copy.deepcopy(model), head_plan), neuron_plan)
+    pruned = _pruned(model, selection)
     if method == BUDGETED_TUNED:
         if not tune_batches:
             raise ValueError(f"{BUDGETED_TUNED} needs tune_batches: the sample its least squares fit on")

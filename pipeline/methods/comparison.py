@@ -15,8 +15,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice
-from pipeline.core.sites import attention_sites
-from pipeline.files.schema import BUDGETED_TUNED, PAPER, TABLE_COLUMNS
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.files.schema import BUDGETED_TUNED, LAYERS_TABLE, PAPER, TABLE_COLUMNS, loss_against
 from pipeline.methods.bench import random_inputs
 from pipeline.methods.budgeted import (
     Batches,
@@ -49,23 +49,36 @@ def paper_plan_at_cost(model: nn.Module, order: Sequence[Head], costs: UnitCosts
     return None
 
 
+def kept_per_layer(model: nn.Module, method: str, level: float) -> list[dict]:
+    """What `model` keeps, site by site: one row per attention site (heads) and per FFN site (neurons)."""
+    rows = [dict(method=method, budget_removed=level, unit="heads", kind=site.kind, layer=site.layer,
+                 kept=site.num_heads, of=site.original_num_heads) for site in attention_sites(model)]
+    rows += [dict(method=method, budget_removed=level, unit="neurons", kind=site.kind, layer=site.layer,
+                  kept=site.num_neurons, of=site.original_num_neurons) for site in ffn_sites(model)]
+    return rows
+
+
 def budgeted_curves(
     model: nn.Module, evaluator: CurveEvaluator, gradients: UnitGradients, costs: UnitCosts,
     paper_order: Sequence[Head], levels: Sequence[float], methods: Sequence[str], tune_batches: Batches,
     first_token_last_layer: bool, keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE,
-) -> tuple[pd.DataFrame, dict[str, float], dict[float, nn.Module]]:
+    calibration: Batches = (), head_importance: Sequence[torch.Tensor] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float], dict[float, nn.Module]]:
     """The paper's order and each budgeted method at every level (the fraction of the cost removed).
 
     Returns one row per method, level and split (levels a method cannot reach are left out: pruning heads
-    alone cannot remove the FFNs' share), the seconds each budgeted prune took, and the budgeted-tuned
-    models at `keep_models_at`.
+    alone cannot remove the FFNs' share), what each pruned model keeps layer by layer (`kept_per_layer`), the
+    seconds each budgeted prune took, and the budgeted-tuned models at `keep_models_at`.
     """
     rows: list[dict] = []
+    layers: list[dict] = []
     seconds: dict[str, float] = {}
     kept_models: dict[float, nn.Module] = {}
     unpruned = evaluator.evaluate(model)
 
-    def add(method: str, level: float, result: dict, took: float | None = None) -> None:
+    def add(method: str, level: float, pruned: nn.Module, took: float | None = None) -> None:
+        result = unpruned if pruned is model else evaluator.evaluate(pruned)
+        layers.extend(kept_per_layer(pruned, method, level))
         for split in evaluator.evals:
             rows.append(dict(method=method, split=split, budget_removed=level,
                              fraction_flops_removed=result["fraction_flops_removed"],
@@ -74,25 +87,52 @@ def budgeted_curves(
 
     all_methods = [PAPER, *methods]
     for method in all_methods:
-        add(method, 0.0, unpruned)
+        add(method, 0.0, model)
     for level, method in tqdm([(lv, m) for lv in levels for m in all_methods], desc="prune (budgeted)",
                               leave=False):
         if method == PAPER:
             plan = paper_plan_at_cost(model, paper_order, costs, 1 - level, choice)
             if plan is not None:
-                add(method, level, evaluator.evaluate(pruned_copy(model, plan)))
+                add(method, level, pruned_copy(model, plan))
             continue
         try:
             result = budgeted_prune(model, gradients, costs, 1 - level, method, tune_batches,
-                                    first_token_last_layer, choice=choice)
+                                    first_token_last_layer, choice=choice, calibration=calibration,
+                                    head_importance=head_importance)
         except BudgetError:
             continue
         took = sum(result.seconds.values())
         seconds[f"{method}@{level:g}"] = round(took, 2)
-        add(method, level, evaluator.evaluate(result.model), took)
+        add(method, level, result.model, took)
         if method == BUDGETED_TUNED and level in keep_models_at:
             kept_models[level] = result.model
-    return pd.DataFrame(rows), seconds, kept_models
+    return pd.DataFrame(rows), pd.DataFrame(layers, columns=TABLE_COLUMNS[LAYERS_TABLE]), seconds, kept_models
+
+
+def flag_collapses(table: pd.DataFrame, metric: str, collapse: float) -> pd.DataFrame:
+    """`table` (budgeted_curve.csv's rows) with its `collapsed` column: a level collapsed when its metric is
+    more than `collapse` worse (`loss_against`) than the same method's level before, or than unpruned."""
+    flagged = table.copy()
+    flagged["collapsed"] = False
+    for _, rows in flagged.groupby(["method", "split"], sort=False):
+        rows = rows.sort_values("budget_removed")
+        base, before = rows["metric"].iloc[0], rows["metric"].shift(1)
+        for index, value, previous in zip(rows.index[1:], rows["metric"].iloc[1:], before.iloc[1:], strict=True):
+            worst = max(loss_against(metric, value, previous), loss_against(metric, value, base))
+            flagged.loc[index, "collapsed"] = bool(worst > collapse)
+    return flagged
+
+
+def collapse_lines(table: pd.DataFrame, cost: str) -> list[str]:
+    """One line per collapsed row of a flagged budgeted_curve.csv, for the prune stage's log."""
+    lines = []
+    for row in table[table["collapsed"].astype(bool)].itertuples():
+        rows = table[(table.method == row.method) & (table.split == row.split)].sort_values("budget_removed")
+        earlier = rows[rows.budget_removed < row.budget_removed]
+        lines.append(f"{row.method} collapsed at {100 * row.budget_removed:.0f}% of the {cost} removed on "
+                     f"{row.split}: {row.metric:.4g}, after {earlier.metric.iloc[-1]:.4g} at "
+                     f"{100 * earlier.budget_removed.iloc[-1]:.0f}% and {earlier.metric.iloc[0]:.4g} unpruned")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -107,24 +147,29 @@ class LatencyShape:
 @dataclass
 class BudgetedComparison:
     table: pd.DataFrame  # budgeted_curve.csv
+    layers: pd.DataFrame  # budgeted_layers.csv: what every pruned model keeps, layer by layer
     summary: dict  # prune.json's "budgeted"
     models: dict[float, nn.Module] = field(default_factory=dict)  # budgeted-tuned models by level removed
     latency_table: list[dict] | None = None  # with a latency budget: the per-layer timings measured
 
 
-def empty_budgeted_table() -> pd.DataFrame:
-    return pd.DataFrame(columns=TABLE_COLUMNS["budgeted_curve.csv"])
+def empty_budgeted_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """budgeted_curve.csv and budgeted_layers.csv of an experiment with no budgeted methods."""
+    return pd.DataFrame(columns=TABLE_COLUMNS["budgeted_curve.csv"]), pd.DataFrame(columns=TABLE_COLUMNS[LAYERS_TABLE])
 
 
 def budgeted_comparison(
     model: nn.Module, order: Sequence[Head], probe: Mapping[str, torch.Tensor], evaluator: CurveEvaluator,
     fisher_batches: Batches, tune_batches: Batches, methods: Sequence[str], levels: Sequence[float],
     budget: str = "flops", latency: LatencyShape | None = None, first_token_last_layer: bool = True,
-    keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE,
+    keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE, calibration: Batches = (),
+    metric: str = "accuracy", collapse: float = 10.0, head_importance: Sequence[torch.Tensor] | None = None,
 ) -> BudgetedComparison:
     """Fisher gradients on `fisher_batches`, unit costs (FLOPs on `probe`, or a latency table measured at
-    `latency`), then `budgeted_curves`; the summary records the seconds each part took, Kwon's headline cost
-    (one whole budgeted-tuned prune, from the Fisher pass to the tuned model) and every metric."""
+    `latency`), then `budgeted_curves` (choosing on `calibration` when given, `head_importance` among the
+    candidates' scorings), the rows that collapsed flagged
+    (`flag_collapses`); the summary records the seconds each part took, Kwon's headline cost (one whole
+    budgeted-tuned prune, from the Fisher pass to the tuned model) and every metric."""
     start = time.perf_counter()
     gradients = gate_gradients(model, fisher_batches)
     timings = None
@@ -135,12 +180,14 @@ def budgeted_comparison(
         timings = latency_table(model, inputs, latency.repeats)
         costs = latency_costs(model, timings)
     setup_seconds = time.perf_counter() - start
-    table, seconds, kept = budgeted_curves(model, evaluator, gradients, costs, order, levels, methods, tune_batches,
-                                           first_token_last_layer, keep_models_at, choice)
+    table, layers, seconds, kept = budgeted_curves(model, evaluator, gradients, costs, order, levels, methods,
+                                                   tune_batches, first_token_last_layer, keep_models_at, choice,
+                                                   calibration, head_importance)
+    table = flag_collapses(table, metric, collapse)
     summary: dict = {"budget": budget, "seconds": {"fisher_and_costs": round(setup_seconds, 2), **seconds}}
     for level in kept:
         summary["seconds"][f"whole_prune@{level:g}"] = round(setup_seconds + seconds[f"{BUDGETED_TUNED}@{level:g}"], 2)
     for split in evaluator.evals:
         rows = table[table.split == split]
         summary[split] = {f"{r.method}@{r.budget_removed:g}": round(r.metric, 4) for r in rows.itertuples()}
-    return BudgetedComparison(table, summary, kept, timings)
+    return BudgetedComparison(table, layers, summary, kept, timings)

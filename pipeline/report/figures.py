@@ -156,6 +156,37 @@ def budgeted(inp: Inputs, curve: pd.DataFrame, methods: list[str]) -> bytes:
     return _png(fig)
 
 
+def kept_per_layer(layers: pd.DataFrame, methods: list[str], cost: str) -> bytes:
+    """What each method keeps at each level: one panel per method, a row per layer's heads and FFN neurons, a
+    column per level, coloured by the share kept and labelled with the count."""
+    many_kinds = layers["kind"].nunique() > 1
+    rows = layers[["kind", "layer", "unit"]].drop_duplicates().sort_values(["unit", "kind", "layer"])
+    labels = [f"{k} {lay} {u}" if many_kinds else f"layer {lay} {u}" for k, lay, u in rows.itertuples(index=False)]
+    levels = sorted(layers["budget_removed"].unique())
+    fig, axes = plt.subplots(1, len(methods), figsize=(0.9 + 0.5 * len(levels) * len(methods) + 1.2 * len(methods),
+                                                       1.0 + 0.3 * len(labels)), squeeze=False, sharey=True,
+                             layout="constrained")
+    image = None
+    for ax, method in zip(axes[0], methods, strict=True):
+        part = layers[layers["method"] == method]
+        kept = part.pivot_table(index=["unit", "kind", "layer"], columns="budget_removed", values="kept")
+        of = part.pivot_table(index=["unit", "kind", "layer"], columns="budget_removed", values="of")
+        index = pd.MultiIndex.from_frame(rows[["unit", "kind", "layer"]])
+        kept, of = kept.reindex(index=index, columns=levels), of.reindex(index=index, columns=levels)
+        image = ax.imshow((kept / of).to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        for (i, j), count in np.ndenumerate(kept.to_numpy(dtype=float)):
+            if np.isfinite(count):
+                ax.text(j, i, f"{count:.0f}", ha="center", va="center", fontsize=6,
+                        color="white" if count / of.to_numpy(dtype=float)[i, j] < 0.5 else "black")
+        ax.set_xticks(range(len(levels)), [f"{100 * lv:.0f}" for lv in levels], fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xlabel(f"{cost} removed (%)")
+        ax.set_title(method, fontsize=9)
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="share of the layer's units kept")
+    fig.suptitle(f"What each method keeps, layer by layer, at equal {cost}")
+    return _png(fig)
+
+
 def recovery(inp: Inputs, rec: pd.DataFrame) -> bytes:
     """The metric of each pruned model before and after fine-tuning; `rec` sorted by fraction pruned."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")

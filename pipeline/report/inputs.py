@@ -20,7 +20,9 @@ Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the r
                         (speedup = throughput ratio pruned / unpruned at the same precision, batch and
                         attention, 1.0 = no change)
     budgeted_curve.csv  method, split, budget_removed, fraction_flops_removed, heads_pruned,
-                        neurons_pruned, metric, examples, seconds   (the paper's order and Kwon-style budgets)
+                        neurons_pruned, metric, examples, seconds [, collapsed]   (the paper's order and
+                        Kwon-style budgets; collapsed: the level fell more than prune.budgeted.collapse)
+    budgeted_layers.csv method, budget_removed, unit, kind, layer, kept, of   (what each pruned model keeps)
     benchmark_budgeted.csv  attn_implementation, batch_size, budget_removed, examples_per_s, speedup,
                         ideal_speedup, params, device, precision
 """
@@ -35,7 +37,15 @@ import numpy as np
 import pandas as pd
 
 from pipeline.files.artifacts import read_table, reading
-from pipeline.files.schema import BLEU, EVAL_SPLITS, KINDS, LOWER_IS_BETTER, checkpoint_method, kind_method
+from pipeline.files.schema import (
+    BLEU,
+    EVAL_SPLITS,
+    KINDS,
+    LAYERS_TABLE,
+    LOWER_IS_BETTER,
+    checkpoint_method,
+    kind_method,
+)
 
 ENCODER, DECODER, CROSS = KINDS
 DEV, TEST = EVAL_SPLITS  # the headline numbers are on test, as the paper's are
@@ -90,6 +100,14 @@ def budgeted_at(curve: pd.DataFrame, split: str, method: str, level: float) -> f
     return float(rows["metric"].iloc[0]) if not rows.empty else None
 
 
+def collapsed_at(curve: pd.DataFrame, split: str) -> set[tuple[str, float]]:
+    """The (method, level) rows of `split` that the prune stage flagged as collapsed (none in older tables)."""
+    if "collapsed" not in curve:
+        return set()
+    rows = curve[(curve["split"] == split) & curve["collapsed"].fillna(False).astype(bool)]
+    return {(r.method, float(r.budget_removed)) for r in rows.itertuples()}
+
+
 def _read_csv(report_dir: Path, name: str) -> pd.DataFrame | None:
     """A table, or None when its stage wrote none (its section is left out). A damaged one raises
     `DamagedArtifact`: a silently skipped section would hide it."""
@@ -112,6 +130,7 @@ class Inputs:
     benchmark: pd.DataFrame | None = None
     prune: dict | None = None
     budgeted: pd.DataFrame | None = None
+    budgeted_layers: pd.DataFrame | None = None
     benchmark_budgeted: pd.DataFrame | None = None
     llm_benchmark: pd.DataFrame | None = None
 
@@ -135,6 +154,7 @@ class Inputs:
             recovery=_read_csv(report_dir, "recovery.csv"),
             benchmark=_read_csv(report_dir, "benchmark.csv"),
             budgeted=_read_csv(report_dir, "budgeted_curve.csv"),
+            budgeted_layers=_read_csv(report_dir, LAYERS_TABLE),
             benchmark_budgeted=_read_csv(report_dir, "benchmark_budgeted.csv"),
             llm_benchmark=_read_csv(report_dir, "llm_benchmark.csv"),
         )

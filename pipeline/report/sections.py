@@ -30,6 +30,7 @@ from pipeline.report.inputs import (
     Inputs,
     budgeted_at,
     checkpoint_of,
+    collapsed_at,
     kinds_in,
     measured_on,
     precisions_in,
@@ -103,6 +104,13 @@ def _pruning_curves(doc: Doc, inp: Inputs) -> None:
         doc.figure("pruning_curve_flops.png", png, f"{inp.metric_name} vs. share of inference FLOPs removed.")
 
 
+def _same_units(layers: pd.DataFrame, a: str, b: str) -> bool:
+    """Whether methods `a` and `b` keep the same number of units in every layer at every level."""
+    columns = ["budget_removed", "unit", "kind", "layer", "kept"]
+    rows = [layers[layers["method"] == m][columns].sort_values(columns[:4]).reset_index(drop=True) for m in (a, b)]
+    return rows[0].equals(rows[1])
+
+
 def _budgeted(doc: Doc, inp: Inputs) -> None:
     curve = inp.budgeted
     if curve is None:
@@ -123,8 +131,10 @@ def _budgeted(doc: Doc, inp: Inputs) -> None:
     split = TEST if TEST in splits else splits[-1]
     levels = sorted(set(curve["budget_removed"]) - {0.0})
     table = {f"{cost} removed": [pct(lv) for lv in levels]}
+    collapsed = collapsed_at(curve, split)
     for method in methods:
-        table[method] = [num(v) if (v := budgeted_at(curve, split, method, lv)) is not None else "out of reach"
+        table[method] = [(num(v) + (" ⚠" if (method, lv) in collapsed else "")
+                          if (v := budgeted_at(curve, split, method, lv)) is not None else "out of reach")
                          for lv in levels]
     if {PAPER, BUDGETED_TUNED} <= set(methods):
         margins = []
@@ -135,7 +145,20 @@ def _budgeted(doc: Doc, inp: Inputs) -> None:
     examples = int(curve[curve["split"] == split]["examples"].iloc[0]) if "examples" in curve else None
     doc.h(2, f"{inp.metric_name} on {split}" + (f" ({examples} examples)" if examples else ""))
     doc.table(pd.DataFrame(table))
+    if collapsed:
+        doc.p("Collapsed (⚠): " + "; ".join(f"`{m}` at {pct(lv)}" for m, lv in sorted(collapsed, key=lambda c: c[1]))
+              + ". Each lost more than `prune.budgeted.collapse` against the level before or against "
+              "unpruned: do not ship a model from such a level without checking it.")
     doc.ul(budgeted_sentences(inp, split))
+    layers = inp.budgeted_layers
+    if layers is not None:
+        shown = [m for m in methods if m in set(layers["method"])]
+        same = BUDGETED in shown and BUDGETED_TUNED in shown and _same_units(layers, BUDGETED, BUDGETED_TUNED)
+        if same:  # tuning rescales the kept units, it does not choose them: one panel says it
+            shown.remove(BUDGETED_TUNED)
+        doc.figure("budgeted_layers.png", figures.kept_per_layer(layers, shown, cost),
+                   "Heads and FFN neurons each method keeps, per layer and level (the count in each cell)"
+                   + (f"; `{BUDGETED_TUNED}` keeps what `{BUDGETED}` keeps." if same else "."))
 
     doc.h(2, "Side by side: the paper, Kwon et al.'s reported numbers, and this run")
     doc.table(side_by_side(inp, split))

@@ -309,13 +309,15 @@ class Experiment:
         (the paper used training data)."""
         return self.sample_batches(self.params.score.max_examples)
 
-    def sample_batches(self, max_examples: int | None) -> list[dict[str, torch.Tensor]]:
+    def sample_batches(self, max_examples: int | None, skip: int = 0) -> list[dict[str, torch.Tensor]]:
         """Labelled batches of a seeded subset of `score.split` (None: all of it); a smaller subset is part of
-        a larger one. For translation, source/target pairs whose loss is the token-level NLL."""
+        a larger one, and `skip` leaves out the first `skip` of the same order (a held-out sample: possibly
+        empty when the split is small). For translation, source/target pairs whose loss is the token-level NLL."""
         s = self.params.score
         data = self.split(s.split)
-        if max_examples is not None and max_examples < len(data):
-            data = data.shuffle(seed=self.params.seed).select(range(max_examples))
+        if skip or (max_examples is not None and max_examples < len(data)):
+            end = len(data) if max_examples is None else min(len(data), skip + max_examples)
+            data = data.shuffle(seed=self.params.seed).select(range(min(skip, end), end))
         if self.is_translation:
             pad = self.pad_token_id
             ids, labels = data["input_ids"][:], data["labels"][:]

@@ -1,0 +1,117 @@
+"""The budgeted comparison as the prune stage and the report see it: collapse flags, the per-layer view."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.files.schema import (
+    BUDGETED,
+    BUDGETED_HEADS,
+    BUDGETED_TUNED,
+    LAYERS_TABLE,
+    PAPER,
+    PERPLEXITY,
+    TABLE_COLUMNS,
+)
+from pipeline.methods.comparison import budgeted_comparison, collapse_lines, flag_collapses, kept_per_layer
+from pipeline.methods.pruning import CurveEvaluator
+from pipeline.report.build import build_report
+from pipeline.tasks.evaluation import ClassificationEval, EvalSet
+from tests.tiny_models import tiny_batch, tiny_model
+
+LEVELS = [0.0, 0.1, 0.2, 0.3]
+
+
+def curve(metrics: dict[str, list[float]], split: str = "test") -> pd.DataFrame:
+    return pd.DataFrame([dict(method=m, split=split, budget_removed=lv, metric=v)
+                         for m, values in metrics.items() for lv, v in zip(LEVELS, values, strict=True)])
+
+
+def test_a_level_collapses_when_it_falls_more_than_the_threshold_below_the_level_before():
+    flagged = flag_collapses(curve({BUDGETED: [90.0, 89.0, 78.5, 77.0]}), "accuracy", collapse=10)
+    assert flagged["collapsed"].tolist() == [False, False, True, True]  # 77.0 is 13 below unpruned
+
+
+def test_a_slow_slide_collapses_once_it_is_the_threshold_below_unpruned():
+    flagged = flag_collapses(curve({PAPER: [90.0, 86.0, 82.0, 78.0]}), "accuracy", collapse=10)
+    assert flagged["collapsed"].tolist() == [False, False, False, True]
+
+
+def test_perplexity_collapses_by_its_relative_rise_and_methods_and_splits_are_flagged_apart():
+    table = pd.concat([curve({BUDGETED: [20.0, 22.0, 25.0, 40.0], BUDGETED_HEADS: [20.0, 20.5, 21.0, 21.0]}),
+                       curve({BUDGETED: [20.0, 21.0, 23.0, 29.0]}, split="dev")], ignore_index=True)
+    flagged = flag_collapses(table, PERPLEXITY, collapse=50)  # percent of unpruned perplexity
+    assert flagged[flagged.collapsed].set_index(["method", "split"]).budget_removed.to_dict() == {
+        (BUDGETED, "test"): 0.3}  # 40 is 100% above 20; dev's 29 is 45% above, heads-only 5%
+
+
+def test_the_warning_line_names_method_level_split_and_the_values_it_fell_from():
+    flagged = flag_collapses(curve({BUDGETED: [95.8, 95.7, 94.9, 43.3]}), "accuracy", collapse=10)
+    assert collapse_lines(flagged, "flops") == [
+        "budgeted collapsed at 30% of the flops removed on test: 43.3, after 94.9 at 20% and 95.8 unpruned"]
+    assert collapse_lines(flag_collapses(curve({BUDGETED: [95.8] * 4}), "accuracy", 10), "flops") == []
+
+
+def test_kept_per_layer_counts_the_heads_and_neurons_each_site_keeps_of_its_original():
+    model = tiny_model("bert", attn_implementation="eager")
+    prune_heads(model, {0: [0, 1]})
+    prune_neurons(model, {1: list(range(10))})
+    rows = pd.DataFrame(kept_per_layer(model, BUDGETED, 0.2))
+    heads, ffn = attention_sites(model), ffn_sites(model)
+    assert rows[rows.unit == "heads"][["layer", "kept", "of"]].values.tolist() == [
+        [0, heads[0].original_num_heads - 2, heads[0].original_num_heads],
+        [1, heads[1].original_num_heads, heads[1].original_num_heads]]
+    assert rows[rows.unit == "neurons"]["kept"].tolist() == [ffn[0].original_num_neurons,
+                                                              ffn[1].original_num_neurons - 10]
+    assert set(rows.columns) == set(TABLE_COLUMNS[LAYERS_TABLE])
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    model = tiny_model("bert", attn_implementation="eager").eval()
+    batches = [tiny_batch("bert", batch_size=4, length=9, seed=s) for s in range(3)]
+    held_out = [tiny_batch("bert", batch_size=4, length=9, seed=s) for s in (5, 6)]
+    eval_batches = [{k: v for k, v in b.items() if k != "labels"} for b in held_out]
+    labels = [int(y) for b in held_out for y in b["labels"]]
+    eval_set = EvalSet(eval_batches, np.arange(len(labels)), np.array(labels))
+    evaluator = CurveEvaluator(model, {"test": ClassificationEval(eval_set, "accuracy")},
+                               {k: v[:2] for k, v in eval_batches[0].items()})
+    order = [(i, h) for i, site in enumerate(attention_sites(model)) for h in range(site.num_heads)]
+    return budgeted_comparison(model, order, eval_batches[0], evaluator, batches, batches,
+                               [BUDGETED_HEADS, BUDGETED, BUDGETED_TUNED], [0.1, 0.3], calibration=held_out,
+                               collapse=10)
+
+
+def test_the_comparison_flags_its_rows_and_lists_what_every_pruned_model_keeps(comparison):
+    assert comparison.table["collapsed"].dtype == bool
+    assert list(comparison.table.columns) == TABLE_COLUMNS["budgeted_curve.csv"]
+    layers = comparison.layers
+    assert list(layers.columns) == TABLE_COLUMNS[LAYERS_TABLE]
+    reached = comparison.table[["method", "budget_removed"]].drop_duplicates()
+    assert len(layers) == len(reached) * 4  # two attention and two FFN sites per model
+    unpruned = layers[layers.budget_removed == 0.0]
+    assert (unpruned.kept == unpruned.of).all()
+    heads_only = layers[(layers.method == BUDGETED_HEADS) & (layers.unit == "neurons")]
+    assert (heads_only.kept == heads_only.of).all()
+
+
+def test_the_report_marks_collapsed_rows_and_draws_the_per_layer_view(tmp_path: Path, comparison):
+    (tmp_path / "finetune.json").write_text(json.dumps({"metric": "accuracy", "dev": 60.0, "test": 60.0,
+                                                        "model": "tiny", "data": "tiny"}))
+    table = comparison.table.copy()
+    table.loc[(table.method == BUDGETED) & (table.budget_removed == 0.3), ["metric", "collapsed"]] = [5.0, True]
+    table.to_csv(tmp_path / "budgeted_curve.csv", index=False)
+    comparison.layers.to_csv(tmp_path / LAYERS_TABLE, index=False)
+    build_report(tmp_path, "tiny")
+    md = (tmp_path / "report.md").read_text()
+    assert "| 5.0 ⚠ |" in md.replace("5.00 ⚠", "5.0 ⚠")
+    assert "Collapsed (⚠): `budgeted` at 30%" in md
+    assert "(figures/budgeted_layers.png)" in md
+    assert (tmp_path / "figures" / "budgeted_layers.png").stat().st_size > 1000
