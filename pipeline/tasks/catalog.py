@@ -41,16 +41,16 @@ OFFLINE_TASKS = {
     # (12 "desc" under both DESC and HUM, 40 "dist" for "How far is it from Denver to Aspen ?").
     "trec": OfflineTask(
         TREC_DATA, "trec", "trec.csv", "TREC question classification, 6 coarse classes (Li & Roth 2002)",
-        f"{_from_wheel(TREC_DATA)} (the package is GPL-3.0-or-later; the file names no licence of its own): the TREC "
-        "question classification data of Li & Roth, Learning Question Classifiers (COLING 2002), 5452 training and "
-        "500 TREC-10 test questions; label = the coarse class; the official test set is our test",
+        f"{_from_wheel(TREC_DATA)} (the package is AGPL-3.0 by its LICENSE.md; no licence is named for this "
+        "file): the TREC question classification data of Li & Roth, Learning Question Classifiers (COLING 2002), "
+        "5452 training and 500 TREC-10 test questions; label = the coarse class; the official test set is our test",
         ("DESC", "ENTY", "ABBR", "HUM", "NUM", "LOC")),
     "disaster-tweets": OfflineTask(
         DISASTER_TWEETS_DATA, "disaster-tweets", "disaster_tweets.csv",
         "Disaster tweets (Kaggle, NLP with Disaster Tweets)",
-        f"{_from_wheel(DISASTER_TWEETS_DATA)} (the package is GPL-3.0-or-later; the file names no licence of its "
-        "own): the labelled tweets of Kaggle's Natural Language Processing with Disaster Tweets competition, data by "
-        "Figure Eight (Data for Everyone); label = target (1: about a real disaster)",
+        f"{_from_wheel(DISASTER_TWEETS_DATA)} (the package is AGPL-3.0 by its LICENSE.md; no licence is named for "
+        "this file): the labelled tweets of Kaggle's Natural Language Processing with Disaster Tweets competition, "
+        "data by Figure Eight (Data for Everyone); label = target (1: about a real disaster)",
         ("not_disaster", "disaster")),
 }
 # The offline tasks by reader: what load_task knows of a "<reader>:<path>" source.
