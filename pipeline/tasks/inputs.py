@@ -9,6 +9,7 @@ param, the file and what would be right.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import socket
@@ -21,7 +22,7 @@ import numpy as np
 
 from pipeline.core.sites import FAMILIES
 from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS
-from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA, HubCorpus
+from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA, OFFLINE_TASKS, HubCorpus
 from pipeline.tasks.local_files import (
     FORMATS,
     InputError,
@@ -265,7 +266,9 @@ def read_classification(source: str, files: Mapping[str, str | Path] | None, tex
     """Read and check a local classification source (a file, a folder of split files, or `files`)."""
     paths = split_files(source, files)
     if paths is None:
-        raise InputError(f"data.source: {missing_path(source)}; expected default, glue/<task> or a local "
+        close = [] if looks_like_path(source) else difflib.get_close_matches(source, list(OFFLINE_TASKS), n=1)
+        why = f"no offline task or file {source} (did you mean {close[0]}?)" if close else missing_path(source)
+        raise InputError(f"data.source: {why}; expected {', '.join(OFFLINE_TASKS)}, glue/<task> or a local "
                          f"CSV/TSV/JSON/JSONL file or folder")
     tables = {split: _read_source(path) for split, path in paths.items()}
     for table in tables.values():
@@ -285,8 +288,9 @@ def read_classification(source: str, files: Mapping[str, str | Path] | None, tex
 
 def classification_source_problems(source: str, text_columns: list[str], label_column: str,
                                    fractions: tuple[float, ...], seed: int) -> list[str]:
-    """Problems with `data.source` of a classification experiment (the offline default has none)."""
-    if source == DEFAULT:
+    """Problems with `data.source` of a classification experiment (the offline tasks, the default among them, have
+    none: their files are pinned)."""
+    if source in OFFLINE_TASKS:
         return []
     if source.startswith("glue/"):
         task = source.removeprefix("glue/")

