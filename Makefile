@@ -37,7 +37,7 @@ repro: setup
 
 # The offline tasks TREC and disaster tweets with the default model (experiments/minilm-*.yaml), not through DVC, so
 # params.yaml and dvc.lock stay as they are: prepare, finetune, score, prune and report, each file in turn.
-TASK_FILES ?= experiments/minilm-trec.yaml experiments/minilm-disaster-tweets.yaml
+TASK_FILES ?= experiments/trec-minilm.yaml experiments/disaster-tweets-minilm.yaml
 TASK_STAGES := prepare finetune score prune report
 
 repro-tasks: setup
