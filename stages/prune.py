@@ -23,7 +23,7 @@ from pipeline.core.checkpoint import stock_config
 from pipeline.core.importance import HeadChoice
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE, LAYERS_TABLE, tolerance_text
+from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE, LAYERS_TABLE, tolerance_text
 from pipeline.methods.comparison import LatencyShape, budgeted_comparison, collapse_lines, empty_budgeted_tables
 from pipeline.methods.pruning import (
     CurveEvaluator,
@@ -108,11 +108,11 @@ def prune(exp: Experiment) -> None:
     if b.methods:
         budget_evals = evals if b.max_examples == pp.max_examples else sweep_evals(exp, b.max_examples)
         tune_batches = exp.sample_batches(b.tune_examples) if BUDGETED_TUNED in b.methods else []
-        calibration = exp.sample_batches(b.calibration_examples, skip=b.fisher_examples) if b.calibration_examples \
-            else []
-        if b.calibration_examples and not calibration:
-            log.warning("prune: %s has no examples left after the Fisher sample's %d: the budgeted methods choose "
-                        "on the raw Fisher information", p.score.split, b.fisher_examples)
+        calibrates = b.calibration_examples and BUDGETED_HEADS in b.methods
+        calibration = exp.sample_batches(b.calibration_examples, skip=b.fisher_examples) if calibrates else []
+        if calibrates and not calibration:
+            log.warning("prune: %s has no examples left after the Fisher sample's %d: %s ranks heads by the raw "
+                        "Fisher information", p.score.split, b.fisher_examples, BUDGETED_HEADS)
         result = budgeted_comparison(
             model, order, probe, CurveEvaluator(model, budget_evals, probe), exp.sample_batches(b.fisher_examples),
             tune_batches, b.methods, b.levels, b.budget, LatencyShape(**b.latency.model_dump()),

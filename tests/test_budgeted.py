@@ -13,7 +13,7 @@ from pipeline.core.flops import forward_flops
 from pipeline.core.importance import HeadChoice, per_example_loss
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
-from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED
+from pipeline.files.schema import BUDGETED, BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED
 from pipeline.methods.budgeted import (
     BudgetError,
     Selection,
@@ -362,51 +362,43 @@ def test_raw_fisher_empties_a_layer_whose_scale_is_small_and_the_normalised_cand
     raw = search(head_fisher, neuron_fisher, costs, keep=0.75, prune_neurons=False)
     assert raw.counts[0] == [4, 0]
     candidates = candidate_selections(raw_and_normalised(head_fisher, neuron_fisher), costs, 0.75,
-                                      prune_neurons=False, splits=4)
-    assert [c.counts[0] for c in candidates] == [[4, 0], [2, 2]]  # raw first; heads only: no split candidates
+                                      prune_neurons=False)
+    assert [c.counts[0] for c in candidates] == [[4, 0], [2, 2]]  # raw first
 
 
-def test_a_fixed_split_keeps_that_many_heads_and_gives_the_neurons_the_rest_of_the_budget():
-    g = torch.Generator().manual_seed(1)
-    head_fisher = [torch.rand(4, generator=g) for _ in range(2)]
-    neuron_fisher = [torch.rand(10, generator=g) for _ in range(2)]
-    costs = _costs([4, 4], [10, 10])
-    for heads_kept in (0, 3, 5):  # 150 in all, 50 fixed: 55 for the units at keep 0.7
-        chosen = search(head_fisher, neuron_fisher, costs, keep=0.7, heads_kept=heads_kept)
-        heads, neurons = chosen.counts
-        assert sum(heads) == heads_kept
-        assert costs.cost(heads, neurons) <= 0.7 * costs.total + 1e-9
-        assert costs.cost(heads, neurons) + costs.neuron[0] > 0.7 * costs.total or sum(neurons) == 20
-    with pytest.raises(BudgetError):
-        search(head_fisher, neuron_fisher, costs, keep=0.7, heads_kept=6)  # 60 > 55
-    splits = candidate_selections(raw_and_normalised(head_fisher, neuron_fisher), costs, 0.7, prune_neurons=True,
-                                  splits=4)
-    kept = {sum(c.counts[0]) for c in splits}
-    assert {0, 2, 4} <= kept and max(kept) <= 5  # the evenly spaced splits that fit, and Kwon's own; 6 and 8 do not
-
-
-@pytest.mark.parametrize("method", BUDGETED_METHODS)
-def test_the_calibrated_choice_is_the_candidate_with_the_lowest_held_out_loss(method):
+def test_heads_only_the_calibrated_choice_is_the_candidate_with_the_lowest_held_out_loss():
     model = tiny_model("bert", attn_implementation="eager")
     data, held_out = batches("bert"), [tiny_batch("bert", batch_size=4, length=9, seed=seed) for seed in (7, 8)]
     gradients = gate_gradients(model, data, progress=False)
     costs = flop_costs(model, probe("bert"))
-    keep = 0.8 if method == BUDGETED_HEADS else 0.6
     head_fisher, neuron_fisher = gradients.fisher()
     importance = [torch.rand(site.num_heads, generator=torch.Generator().manual_seed(i))
                   for i, site in enumerate(attention_sites(model))]
-    result = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data, calibration=held_out, splits=4,
+    result = budgeted_prune(model, gradients, costs, 0.8, BUDGETED_HEADS, calibration=held_out,
                             head_importance=importance)
-    scorings = [*raw_and_normalised(head_fisher, neuron_fisher), (importance, per_layer_normalised(neuron_fisher))]
-    candidates = candidate_selections(scorings, costs, keep, method != BUDGETED_HEADS, splits=4)
+    candidates = candidate_selections([*raw_and_normalised(head_fisher, neuron_fisher), (importance, neuron_fisher)],
+                                      costs, 0.8, prune_neurons=False)
     assert len(candidates) > 1
     losses = [calibration_loss(budgeted_prune_model(model, c), held_out) for c in candidates]
     best = candidates[losses.index(min(losses))]
     assert result.selection.counts == best.counts  # rearrangement keeps each layer's count
-    assert forward_flops(result.model, probe("bert")) <= keep * costs.total * (1 + 1e-9)
-    again = budgeted_prune(model, gradients, costs, keep, method, tune_batches=data, calibration=held_out, splits=4,
+    assert forward_flops(result.model, probe("bert")) <= 0.8 * costs.total * (1 + 1e-9)
+    again = budgeted_prune(model, gradients, costs, 0.8, BUDGETED_HEADS, calibration=held_out,
                            head_importance=importance)
     assert again.selection == result.selection
+
+
+@pytest.mark.parametrize("method", [BUDGETED, BUDGETED_TUNED])
+def test_the_joint_methods_keep_kwons_raw_fisher_search_whatever_the_calibration_sample(method):
+    model = tiny_model("bert", attn_implementation="eager")
+    data, held_out = batches("bert"), [tiny_batch("bert", batch_size=4, length=9, seed=7)]
+    gradients = gate_gradients(model, data, progress=False)
+    costs = flop_costs(model, probe("bert"))
+    importance = [torch.ones(site.num_heads) for site in attention_sites(model)]
+    plain = budgeted_prune(model, gradients, costs, 0.6, method, tune_batches=data)
+    calibrated = budgeted_prune(model, gradients, costs, 0.6, method, tune_batches=data, calibration=held_out,
+                                head_importance=importance)
+    assert calibrated.selection == plain.selection
 
 
 def raw_and_normalised(head_fisher, neuron_fisher) -> list[tuple]:

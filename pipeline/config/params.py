@@ -137,8 +137,8 @@ class BudgetedParams(Section):
     max_examples: int | None = Field(None, ge=10)  # of dev and test per evaluation; null = whole splits
     save_levels: list[float] = Field(default_factory=lambda: [0.4])  # budgeted-tuned models for benchmark
     latency: LatencyProbeParams = LatencyProbeParams()
-    # Of score.split, after the Fisher sample: held-out examples on whose loss each level's selection is chosen
-    # among the candidates (raw and per-layer-normalised Fisher, several head/neuron splits); 0: raw Fisher only.
+    # Of score.split, after the Fisher sample: held-out examples on whose loss budgeted-heads chooses each level's
+    # heads among three rankings (raw Fisher, per-layer-normalised Fisher, the paper's importance); 0: raw Fisher.
     calibration_examples: int = Field(256, ge=0)
     # A level collapsed when its metric falls more than this below the level before or below unpruned: points
     # (BLEU points), or for perplexity percent of the unpruned value. The prune stage logs it, the report flags it.
