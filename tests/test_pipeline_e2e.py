@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import datasets
@@ -94,6 +95,26 @@ def test_budgeted_methods_meet_their_flop_budgets_and_reach_the_benchmark_and_re
     neurons = kept[kept.unit == "neurons"]
     assert neurons.kept.sum() == neurons["of"].sum() - budgeted[
         (budgeted.method == "budgeted-tuned") & (budgeted.budget_removed == 0.4)].neurons_pruned.iloc[0]
+
+
+def test_the_calibration_sample_is_held_out_from_the_fisher_sample(repo, monkeypatch):
+    from pipeline.run.experiment import Experiment
+
+    monkeypatch.chdir(repo)
+    exp = Experiment.from_params_file("params.yaml")
+
+    def examples(batches) -> list[tuple]:
+        return [tuple(row[mask.bool()].tolist()) + (int(label),) for b in batches
+                for row, mask, label in zip(b["input_ids"], b["attention_mask"], b["labels"], strict=True)]
+
+    fisher, held_out = examples(exp.sample_batches(64)), examples(exp.sample_batches(256, skip=64))
+    train = len(exp.split("train"))
+    assert 64 < train < 64 + 256  # the tiny project: the held-out sample is the rest of train
+    assert len(fisher) == 64 and len(held_out) == train - 64
+    assert sorted(fisher + held_out) == sorted(examples(exp.sample_batches(None)))  # together: all of train, once
+    # The held-out sample continues the same seeded order: the first 16 after the Fisher sample's 64.
+    first_80 = Counter(examples(exp.sample_batches(80)))
+    assert Counter(examples(exp.sample_batches(16, skip=64))) == first_80 - Counter(fisher)
 
 
 def test_second_repro_is_a_no_op(repo):
