@@ -108,11 +108,12 @@ def prune(exp: Experiment) -> None:
     if b.methods:
         budget_evals = evals if b.max_examples == pp.max_examples else sweep_evals(exp, b.max_examples)
         tune_batches = exp.sample_batches(b.tune_examples) if BUDGETED_TUNED in b.methods else []
-        calibrates = b.calibration_examples and BUDGETED_HEADS in b.methods
+        calibrates = b.calibration_examples and {BUDGETED_HEADS, BUDGETED_TUNED} & set(b.methods)
         calibration = exp.sample_batches(b.calibration_examples, skip=b.fisher_examples) if calibrates else []
         if calibrates and not calibration:
             log.warning("prune: %s has no examples left after the Fisher sample's %d: %s ranks heads by the raw "
-                        "Fisher information", p.score.split, b.fisher_examples, BUDGETED_HEADS)
+                        "Fisher information and %s keeps its tuning unchecked", p.score.split, b.fisher_examples,
+                        BUDGETED_HEADS, BUDGETED_TUNED)
         result = budgeted_comparison(
             model, order, probe, CurveEvaluator(model, budget_evals, probe), exp.sample_batches(b.fisher_examples),
             tune_batches, b.methods, b.levels, b.budget, LatencyShape(**b.latency.model_dump()),
@@ -125,6 +126,10 @@ def prune(exp: Experiment) -> None:
         for level in sorted(set(b.save_levels) - set(result.models)):
             log.warning("prune: %s cannot remove %.0f%% of the %s: no model saved at that level", BUDGETED_TUNED,
                         100 * level, b.budget)
+        for level, kept in result.summary.get("tuning_kept", {}).items():
+            if not kept:
+                log.info("prune: %s at %.0f%% of the %s removed: tuning raised the held-out loss, so the model is "
+                         "left untuned", BUDGETED_TUNED, 100 * float(level), b.budget)
         for key, seconds in result.summary["seconds"].items():
             if key.startswith("whole_prune@"):
                 log.info("prune: %s with %s of the %s removed took %.0f s in all", BUDGETED_TUNED,

@@ -10,7 +10,7 @@ import torch
 
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.core.flops import forward_flops
-from pipeline.core.importance import HeadChoice, per_example_loss
+from pipeline.core.importance import PAPER_CHOICE, HeadChoice, per_example_loss
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import BUDGETED, BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED
@@ -20,16 +20,19 @@ from pipeline.methods.budgeted import (
     UnitCosts,
     budgeted_prune,
     calibration_loss,
-    candidate_selections,
     flop_costs,
     gate_gradients,
     latency_costs,
     latency_table,
     per_layer_normalised,
+    pruned_model,
+    rearrange,
     rearrange_site,
     search,
     tune,
 )
+from pipeline.methods.comparison import paper_plan_at_cost
+from pipeline.methods.pruning import pruned_copy
 from tests.tiny_models import SEQ2SEQ, tiny_batch, tiny_model
 
 ENCODERS = ["bert", "distilbert", "mpnet", "roberta"]
@@ -353,39 +356,95 @@ def test_per_layer_normalisation_gives_every_site_unit_l2_norm_and_leaves_an_all
     assert normalised[0].tolist() == pytest.approx([0.6, 0.8])
 
 
-def test_raw_fisher_empties_a_layer_whose_scale_is_small_and_the_normalised_candidate_does_not():
+def test_raw_fisher_empties_a_layer_whose_scale_is_small_and_normalised_fisher_does_not():
     # The last layer's gradients are 1000x smaller, as Fisher information is near the loss; ranked raw, its
     # heads all go first. Normalised per layer, each layer keeps its own best heads.
     head_fisher = [torch.tensor([4.0, 3.0, 2.0, 1.0]), torch.tensor([4.0, 3.0, 2.0, 1.0]) * 1e-3]
     neuron_fisher = [torch.ones(10), torch.ones(10)]
     costs = _costs([4, 4], [10, 10])
-    raw = search(head_fisher, neuron_fisher, costs, keep=0.75, prune_neurons=False)
-    assert raw.counts[0] == [4, 0]
-    candidates = candidate_selections(raw_and_normalised(head_fisher, neuron_fisher), costs, 0.75,
-                                      prune_neurons=False)
-    assert [c.counts[0] for c in candidates] == [[4, 0], [2, 2]]  # raw first
+    assert search(head_fisher, neuron_fisher, costs, keep=0.75, prune_neurons=False).counts[0] == [4, 0]
+    normalised = search(per_layer_normalised(head_fisher), neuron_fisher, costs, keep=0.75, prune_neurons=False)
+    assert normalised.counts[0] == [2, 2]
 
 
-def test_heads_only_the_calibrated_choice_is_the_candidate_with_the_lowest_held_out_loss():
+@pytest.mark.parametrize("keep", [0.9, 0.75, 0.7])
+def test_heads_only_with_calibration_keeps_the_papers_ranking_as_ranked_or_rearranged_whichever_loses_less(keep):
     model = tiny_model("bert", attn_implementation="eager")
     data, held_out = batches("bert"), [tiny_batch("bert", batch_size=4, length=9, seed=seed) for seed in (7, 8)]
     gradients = gate_gradients(model, data, progress=False)
     costs = flop_costs(model, probe("bert"))
-    head_fisher, neuron_fisher = gradients.fisher()
+    neuron_fisher = gradients.fisher()[1]
     importance = [torch.rand(site.num_heads, generator=torch.Generator().manual_seed(i))
                   for i, site in enumerate(attention_sites(model))]
-    result = budgeted_prune(model, gradients, costs, 0.8, BUDGETED_HEADS, calibration=held_out,
+    result = budgeted_prune(model, gradients, costs, keep, BUDGETED_HEADS, calibration=held_out,
                             head_importance=importance)
-    candidates = candidate_selections([*raw_and_normalised(head_fisher, neuron_fisher), (importance, neuron_fisher)],
-                                      costs, 0.8, prune_neurons=False)
-    assert len(candidates) > 1
-    losses = [calibration_loss(budgeted_prune_model(model, c), held_out) for c in candidates]
-    best = candidates[losses.index(min(losses))]
-    assert result.selection.counts == best.counts  # rearrangement keeps each layer's count
-    assert forward_flops(result.model, probe("bert")) <= 0.8 * costs.total * (1 + 1e-9)
-    again = budgeted_prune(model, gradients, costs, 0.8, BUDGETED_HEADS, calibration=held_out,
+    ranked = search(importance, neuron_fisher, costs, keep, prune_neurons=False)
+    rearranged = rearrange(ranked, gradients)
+    assert rearranged != ranked  # at these budgets the two differ, so the choice is made
+    losses = {s: calibration_loss(pruned_model(model, c), held_out) for s, c in (("r", ranked), ("a", rearranged))}
+    assert result.selection == (ranked if losses["r"] < losses["a"] else rearranged)
+    assert forward_flops(result.model, probe("bert")) <= keep * costs.total * (1 + 1e-9)
+    again = budgeted_prune(model, gradients, costs, keep, BUDGETED_HEADS, calibration=held_out,
                            head_importance=importance)
     assert again.selection == result.selection
+
+
+def test_heads_only_without_the_papers_importance_ranks_by_fisher_normalised_per_layer():
+    model = tiny_model("bert", attn_implementation="eager")
+    data, held_out = batches("bert"), [tiny_batch("bert", batch_size=4, length=9, seed=7)]
+    gradients = gate_gradients(model, data, progress=False)
+    costs = flop_costs(model, probe("bert"))
+    head_fisher, neuron_fisher = gradients.fisher()
+    result = budgeted_prune(model, gradients, costs, 0.75, BUDGETED_HEADS, calibration=held_out)
+    ranked = search(per_layer_normalised(head_fisher), neuron_fisher, costs, 0.75, prune_neurons=False)
+    assert result.selection in (ranked, rearrange(ranked, gradients))
+
+
+def test_heads_only_with_calibration_is_never_worse_on_it_than_the_papers_order_at_the_same_cost():
+    model = tiny_model("bert", attn_implementation="eager")
+    data, held_out = batches("bert"), [tiny_batch("bert", batch_size=4, length=9, seed=seed) for seed in (7, 8)]
+    gradients = gate_gradients(model, data, progress=False)
+    costs = flop_costs(model, probe("bert"))
+    sites = attention_sites(model)
+    importance = [torch.rand(site.num_heads, generator=torch.Generator().manual_seed(10 + i))
+                  for i, site in enumerate(sites)]
+    for keep in (0.9, 0.8, 0.7):
+        paper = pruned_copy(model, paper_plan_at_cost(model, PAPER_CHOICE.rank(importance, sites), costs, keep))
+        result = budgeted_prune(model, gradients, costs, keep, BUDGETED_HEADS, calibration=held_out,
+                                head_importance=importance)
+        assert calibration_loss(result.model, held_out) <= calibration_loss(paper, held_out) + 1e-6
+
+
+def labelled_by(model: torch.nn.Module, batch: dict, agree: bool) -> dict:
+    """`batch` labelled with the class `model` predicts (`agree`) or with the one it ranks last."""
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    return {**batch, "labels": logits.argmax(-1) if agree else logits.argmin(-1)}
+
+
+def test_budgeted_tuned_drops_its_tuning_where_it_raises_the_held_out_loss_and_keeps_it_elsewhere():
+    teacher = tiny_model("bert", attn_implementation="eager").eval()
+    with torch.no_grad():  # confident logits, so that the losses below differ by more than float noise
+        teacher.classifier.weight.mul_(100)
+    data = batches("bert")
+    gradients = gate_gradients(teacher, data, progress=False)
+    costs = flop_costs(teacher, probe("bert"))
+    kept = {}
+    # Two labellings of the tuning inputs, the teacher's top class and its last: tuning raises the first's loss
+    # here and lowers the second's, so both branches run.
+    for agree in (True, False):
+        held_out = [labelled_by(teacher, batch, agree) for batch in data]
+        result = budgeted_prune(teacher, gradients, costs, 0.6, BUDGETED_TUNED, tune_batches=data,
+                                calibration=held_out)
+        untuned = pruned_model(teacher, result.selection)
+        tuned = copy.deepcopy(untuned)
+        tune(tuned, teacher, data, progress=False)
+        losses = calibration_loss(tuned, held_out), calibration_loss(untuned, held_out)
+        assert result.tuned == (losses[0] <= losses[1])
+        assert calibration_loss(result.model, held_out) == pytest.approx(min(losses), rel=1e-6)
+        kept[agree] = result.tuned
+    assert kept == {True: False, False: True}
+    assert budgeted_prune(teacher, gradients, costs, 0.6, BUDGETED_TUNED, tune_batches=data).tuned  # no check
 
 
 @pytest.mark.parametrize("method", [BUDGETED, BUDGETED_TUNED])
@@ -400,14 +459,6 @@ def test_the_joint_methods_keep_kwons_raw_fisher_search_whatever_the_calibration
                                 head_importance=importance)
     assert calibrated.selection == plain.selection
 
-
-def raw_and_normalised(head_fisher, neuron_fisher) -> list[tuple]:
-    return [(head_fisher, neuron_fisher), (per_layer_normalised(head_fisher), per_layer_normalised(neuron_fisher))]
-
-
-def budgeted_prune_model(model: torch.nn.Module, selection: Selection) -> torch.nn.Module:
-    head_plan, neuron_plan = selection.plans(model)
-    return prune_neurons(prune_heads(copy.deepcopy(model), head_plan), neuron_plan).eval()
 
 
 def test_calibration_loss_is_the_mean_over_examples_not_over_batches():

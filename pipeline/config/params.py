@@ -137,8 +137,9 @@ class BudgetedParams(Section):
     max_examples: int | None = Field(None, ge=10)  # of dev and test per evaluation; null = whole splits
     save_levels: list[float] = Field(default_factory=lambda: [0.4])  # budgeted-tuned models for benchmark
     latency: LatencyProbeParams = LatencyProbeParams()
-    # Of score.split, after the Fisher sample: held-out examples on whose loss budgeted-heads chooses each level's
-    # heads among three rankings (raw Fisher, per-layer-normalised Fisher, the paper's importance); 0: raw Fisher.
+    # Of score.split, after the Fisher sample: held-out examples on whose loss budgeted-heads chooses, level by
+    # level, the paper's ranking of the heads as ranked or as rearranged, and budgeted-tuned checks its tuning;
+    # 0: raw Fisher, rearranged, and the tuning always kept.
     calibration_examples: int = Field(256, ge=0)
     # A level collapsed when its metric falls more than this below the level before or below unpruned: points
     # (BLEU points), or for perplexity percent of the unpruned value. The prune stage logs it, the report flags it.

@@ -63,16 +63,18 @@ def budgeted_curves(
     paper_order: Sequence[Head], levels: Sequence[float], methods: Sequence[str], tune_batches: Batches,
     first_token_last_layer: bool, keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE,
     calibration: Batches = (), head_importance: Sequence[torch.Tensor] | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float], dict[float, nn.Module]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float], dict[str, bool], dict[float, nn.Module]]:
     """The paper's order and each budgeted method at every level (the fraction of the cost removed).
 
     Returns one row per method, level and split (levels a method cannot reach are left out: pruning heads
     alone cannot remove the FFNs' share), what each pruned model keeps layer by layer (`kept_per_layer`), the
-    seconds each budgeted prune took, and the budgeted-tuned models at `keep_models_at`.
+    seconds each budgeted prune took, whether budgeted-tuned kept its tuning at each level, and the
+    budgeted-tuned models at `keep_models_at`.
     """
     rows: list[dict] = []
     layers: list[dict] = []
     seconds: dict[str, float] = {}
+    tuning_kept: dict[str, bool] = {}
     kept_models: dict[float, nn.Module] = {}
     unpruned = evaluator.evaluate(model)
 
@@ -103,10 +105,13 @@ def budgeted_curves(
             continue
         took = sum(result.seconds.values())
         seconds[f"{method}@{level:g}"] = round(took, 2)
+        if method == BUDGETED_TUNED:
+            tuning_kept[f"{level:g}"] = result.tuned
         add(method, level, result.model, took)
         if method == BUDGETED_TUNED and level in keep_models_at:
             kept_models[level] = result.model
-    return pd.DataFrame(rows), pd.DataFrame(layers, columns=TABLE_COLUMNS[LAYERS_TABLE]), seconds, kept_models
+    return (pd.DataFrame(rows), pd.DataFrame(layers, columns=TABLE_COLUMNS[LAYERS_TABLE]), seconds, tuning_kept,
+            kept_models)
 
 
 def flag_collapses(table: pd.DataFrame, metric: str, collapse: float) -> pd.DataFrame:
@@ -166,10 +171,10 @@ def budgeted_comparison(
     metric: str = "accuracy", collapse: float = 10.0, head_importance: Sequence[torch.Tensor] | None = None,
 ) -> BudgetedComparison:
     """Fisher gradients on `fisher_batches`, unit costs (FLOPs on `probe`, or a latency table measured at
-    `latency`), then `budgeted_curves` (choosing on `calibration` when given, `head_importance` among the
-    candidates' scorings), the rows that collapsed flagged
-    (`flag_collapses`); the summary records the seconds each part took, Kwon's headline cost (one whole
-    budgeted-tuned prune, from the Fisher pass to the tuned model) and every metric."""
+    `latency`), then `budgeted_curves` (budgeted-heads ranking by `head_importance`; given `calibration`,
+    budgeted-heads choosing on it and budgeted-tuned checking its tuning on it), the rows that collapsed flagged
+    (`flag_collapses`); the summary records where the tuning was kept, the seconds each part took, Kwon's
+    headline cost (one whole budgeted-tuned prune, from the Fisher pass to the tuned model) and every metric."""
     start = time.perf_counter()
     gradients = gate_gradients(model, fisher_batches)
     timings = None
@@ -180,11 +185,13 @@ def budgeted_comparison(
         timings = latency_table(model, inputs, latency.repeats)
         costs = latency_costs(model, timings)
     setup_seconds = time.perf_counter() - start
-    table, layers, seconds, kept = budgeted_curves(model, evaluator, gradients, costs, order, levels, methods,
-                                                   tune_batches, first_token_last_layer, keep_models_at, choice,
-                                                   calibration, head_importance)
+    table, layers, seconds, tuning_kept, kept = budgeted_curves(
+        model, evaluator, gradients, costs, order, levels, methods, tune_batches, first_token_last_layer,
+        keep_models_at, choice, calibration, head_importance)
     table = flag_collapses(table, metric, collapse)
     summary: dict = {"budget": budget, "seconds": {"fisher_and_costs": round(setup_seconds, 2), **seconds}}
+    if tuning_kept:
+        summary["tuning_kept"] = tuning_kept
     for level in kept:
         summary["seconds"][f"whole_prune@{level:g}"] = round(setup_seconds + seconds[f"{BUDGETED_TUNED}@{level:g}"], 2)
     for split in evaluator.evals:
