@@ -130,6 +130,9 @@ def prune(exp: Experiment) -> None:
             if not kept:
                 log.info("prune: %s at %.0f%% of the %s removed: tuning raised the held-out loss, so the model is "
                          "left untuned", BUDGETED_TUNED, 100 * float(level), b.budget)
+        for level, source in result.summary.get("heads_from", {}).items():
+            log.info("prune: %s at %.0f%% of the %s removed: heads from %s", BUDGETED_HEADS, 100 * float(level),
+                     b.budget, source)
         for key, seconds in result.summary["seconds"].items():
             if key.startswith("whole_prune@"):
                 log.info("prune: %s with %s of the %s removed took %.0f s in all", BUDGETED_TUNED,

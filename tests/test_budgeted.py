@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from scipy import stats
 
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.core.flops import forward_flops
@@ -15,13 +16,17 @@ from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import BUDGETED, BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED
 from pipeline.methods.budgeted import (
+    SWITCH_SIGNIFICANCE,
     BudgetError,
+    Candidate,
     Selection,
     UnitCosts,
     budgeted_prune,
     calibration_loss,
+    calibration_losses,
     flop_costs,
     gate_gradients,
+    held_out_choice,
     latency_costs,
     latency_table,
     per_layer_normalised,
@@ -367,37 +372,95 @@ def test_raw_fisher_empties_a_layer_whose_scale_is_small_and_normalised_fisher_d
     assert normalised.counts[0] == [2, 2]
 
 
+def fixed_losses(table: dict[str, torch.Tensor]):
+    """Candidates named by their only head, and a `losses` callable that looks each one's losses up."""
+    candidates = {name: Candidate(name, Selection([[index]], [])) for index, name in enumerate(table)}
+    return candidates, lambda selection: table[list(table)[selection.heads[0][0]]]
+
+
+def normal(seed: int) -> torch.Tensor:
+    return torch.randn(256, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_an_alternative_replaces_the_reference_only_when_its_held_out_loss_is_significantly_lower():
+    base = 2 + normal(0)
+    table = {"ranked": base, "rearranged": base + 0.01, "slightly better": base - 0.005 + 0.2 * normal(1),
+             "clearly better": base - 0.3 + 0.2 * normal(4), "best by far": base - 0.6 + 0.2 * normal(5),
+             "the same": base.clone()}
+    c, losses = fixed_losses(table)
+    reference = [c["ranked"], c["rearranged"]]
+    assert held_out_choice(reference, [c["slightly better"], c["the same"]], losses).name == "ranked"
+    assert held_out_choice(reference, [c["slightly better"], c["clearly better"]], losses).name == "clearly better"
+    assert held_out_choice(reference, [c["clearly better"], c["best by far"]], losses).name == "best by far"
+    assert held_out_choice(reference[::-1], [c["the same"]], losses).name == "ranked"  # the lower of the two
+
+
+def test_the_significance_level_is_shared_out_over_the_alternatives():
+    base, noise = 2 + normal(3), normal(2)
+    noise = (noise - noise.mean()) / noise.std()  # so that t = -0.13 * sqrt(256) = -2.08 exactly
+    table = {"ranked": base, "marginal": base - 0.13 + noise, "worse": base + 1.0 + noise,
+             "worse still": base + 2.0 + noise}
+    c, losses = fixed_losses(table)
+    p = stats.ttest_rel(table["marginal"].numpy(), base.numpy(), alternative="less").pvalue
+    assert SWITCH_SIGNIFICANCE / 3 < p < SWITCH_SIGNIFICANCE  # significant alone, not as one of three
+    assert held_out_choice([c["ranked"]], [c["marginal"]], losses).name == "marginal"
+    assert held_out_choice([c["ranked"]], [c["marginal"], c["worse"], c["worse still"]], losses).name == "ranked"
+
+
+def test_held_out_choice_measures_each_distinct_selection_once():
+    calls = []
+    same = Selection([[0]], [])
+
+    def losses(selection: Selection) -> torch.Tensor:
+        calls.append(selection)
+        return torch.ones(4, dtype=torch.float64)
+
+    held_out_choice([Candidate("a", same), Candidate("b", Selection([[0]], []))], [Candidate("c", same)], losses)
+    assert calls == [same]
+
+
 @pytest.mark.parametrize("keep", [0.9, 0.75, 0.7])
-def test_heads_only_with_calibration_keeps_the_papers_ranking_as_ranked_or_rearranged_whichever_loses_less(keep):
+def test_heads_only_with_calibration_keeps_the_papers_ranking_unless_a_fisher_ranking_is_significantly_better(keep):
     model = tiny_model("bert", attn_implementation="eager")
     data, held_out = batches("bert"), [tiny_batch("bert", batch_size=4, length=9, seed=seed) for seed in (7, 8)]
     gradients = gate_gradients(model, data, progress=False)
     costs = flop_costs(model, probe("bert"))
-    neuron_fisher = gradients.fisher()[1]
+    head_fisher, neuron_fisher = gradients.fisher()
     importance = [torch.rand(site.num_heads, generator=torch.Generator().manual_seed(i))
                   for i, site in enumerate(attention_sites(model))]
     result = budgeted_prune(model, gradients, costs, keep, BUDGETED_HEADS, calibration=held_out,
                             head_importance=importance)
-    ranked = search(importance, neuron_fisher, costs, keep, prune_neurons=False)
-    rearranged = rearrange(ranked, gradients)
-    assert rearranged != ranked  # at these budgets the two differ, so the choice is made
-    losses = {s: calibration_loss(pruned_model(model, c), held_out) for s, c in (("r", ranked), ("a", rearranged))}
-    assert result.selection == (ranked if losses["r"] < losses["a"] else rearranged)
+
+    def both(name: str, scores: list[torch.Tensor]) -> list[Candidate]:
+        ranked = search(scores, neuron_fisher, costs, keep, prune_neurons=False)
+        return [Candidate(name, ranked), Candidate(f"{name}, rearranged", rearrange(ranked, gradients))]
+
+    reference = both("paper's importance", importance)
+    assert reference[0].selection != reference[1].selection  # at these budgets the two differ, so a choice is made
+    alternatives = both("fisher normalised", per_layer_normalised(head_fisher)) + both("fisher", head_fisher)
+    losses = {c.name: calibration_losses(pruned_model(model, c.selection), held_out) for c in reference + alternatives}
+    best = min(reference, key=lambda c: float(losses[c.name].mean()))
+    significant = {c.name for c in alternatives if stats.ttest_rel(
+        losses[c.name].numpy(), losses[best.name].numpy(), alternative="less").pvalue < SWITCH_SIGNIFICANCE / 4}
+    assert result.heads_from == (min(significant, key=lambda n: float(losses[n].mean())) if significant
+                                 else best.name)
+    assert result.selection == {c.name: c.selection for c in reference + alternatives}[result.heads_from]
     assert forward_flops(result.model, probe("bert")) <= keep * costs.total * (1 + 1e-9)
     again = budgeted_prune(model, gradients, costs, keep, BUDGETED_HEADS, calibration=held_out,
                            head_importance=importance)
-    assert again.selection == result.selection
+    assert (again.selection, again.heads_from) == (result.selection, result.heads_from)
 
 
-def test_heads_only_without_the_papers_importance_ranks_by_fisher_normalised_per_layer():
+def test_heads_only_without_the_papers_importance_ranks_by_fisher_normalised_unless_raw_is_significantly_better():
     model = tiny_model("bert", attn_implementation="eager")
     data, held_out = batches("bert"), [tiny_batch("bert", batch_size=4, length=9, seed=7)]
     gradients = gate_gradients(model, data, progress=False)
     costs = flop_costs(model, probe("bert"))
     head_fisher, neuron_fisher = gradients.fisher()
     result = budgeted_prune(model, gradients, costs, 0.75, BUDGETED_HEADS, calibration=held_out)
-    ranked = search(per_layer_normalised(head_fisher), neuron_fisher, costs, 0.75, prune_neurons=False)
-    assert result.selection in (ranked, rearrange(ranked, gradients))
+    normalised = search(per_layer_normalised(head_fisher), neuron_fisher, costs, 0.75, prune_neurons=False)
+    assert result.heads_from.startswith("fisher normalised")
+    assert result.selection in (normalised, rearrange(normalised, gradients))
 
 
 def test_heads_only_with_calibration_is_never_worse_on_it_than_the_papers_order_at_the_same_cost():

@@ -102,6 +102,18 @@ def test_the_comparison_flags_its_rows_and_lists_what_every_pruned_model_keeps(c
     assert (heads_only.kept == heads_only.of).all()
 
 
+def test_the_summary_records_per_level_where_budgeted_heads_came_from_and_whether_the_tuning_was_kept(comparison):
+    summary = comparison.summary
+    heads_reached = comparison.table[(comparison.table.method == BUDGETED_HEADS)
+                                     & (comparison.table.budget_removed > 0)].budget_removed.unique()
+    assert sorted(summary["heads_from"]) == sorted(f"{level:g}" for level in heads_reached)
+    names = {f"{ranking}{suffix}" for ranking in ("paper's importance", "fisher normalised", "fisher")
+             for suffix in ("", ", rearranged")}
+    assert set(summary["heads_from"].values()) <= names
+    assert sorted(summary["tuning_kept"]) == ["0.1", "0.3"]
+    assert all(isinstance(kept, bool) for kept in summary["tuning_kept"].values())
+
+
 def test_the_report_marks_collapsed_rows_and_draws_the_per_layer_view(tmp_path: Path, comparison):
     (tmp_path / "finetune.json").write_text(json.dumps({"metric": "accuracy", "dev": 60.0, "test": 60.0,
                                                         "model": "tiny", "data": "tiny"}))

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice
 from pipeline.core.sites import attention_sites, ffn_sites
-from pipeline.files.schema import BUDGETED_TUNED, LAYERS_TABLE, PAPER, TABLE_COLUMNS, loss_against
+from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_TUNED, LAYERS_TABLE, PAPER, TABLE_COLUMNS, loss_against
 from pipeline.methods.bench import random_inputs
 from pipeline.methods.budgeted import (
     Batches,
@@ -58,24 +58,32 @@ def kept_per_layer(model: nn.Module, method: str, level: float) -> list[dict]:
     return rows
 
 
+@dataclass
+class BudgetedCurves:
+    """What `budgeted_curves` measured."""
+
+    table: pd.DataFrame  # one row per method, level and split
+    layers: pd.DataFrame  # what each pruned model keeps, layer by layer (`kept_per_layer`)
+    seconds: dict[str, float]  # what each budgeted prune took, by "method@level"
+    tuning_kept: dict[str, bool]  # budgeted-tuned, by level: whether it kept its tuning
+    heads_from: dict[str, str]  # budgeted-heads, by level: the candidate its heads came from
+    models: dict[float, nn.Module]  # the budgeted-tuned models at `keep_models_at`
+
+
 def budgeted_curves(
     model: nn.Module, evaluator: CurveEvaluator, gradients: UnitGradients, costs: UnitCosts,
     paper_order: Sequence[Head], levels: Sequence[float], methods: Sequence[str], tune_batches: Batches,
     first_token_last_layer: bool, keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE,
     calibration: Batches = (), head_importance: Sequence[torch.Tensor] | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float], dict[str, bool], dict[float, nn.Module]]:
-    """The paper's order and each budgeted method at every level (the fraction of the cost removed).
-
-    Returns one row per method, level and split (levels a method cannot reach are left out: pruning heads
-    alone cannot remove the FFNs' share), what each pruned model keeps layer by layer (`kept_per_layer`), the
-    seconds each budgeted prune took, whether budgeted-tuned kept its tuning at each level, and the
-    budgeted-tuned models at `keep_models_at`.
-    """
+) -> BudgetedCurves:
+    """The paper's order and each budgeted method at every level (the fraction of the cost removed). Levels a
+    method cannot reach are left out: pruning heads alone cannot remove the FFNs' share."""
     rows: list[dict] = []
     layers: list[dict] = []
     seconds: dict[str, float] = {}
     tuning_kept: dict[str, bool] = {}
-    kept_models: dict[float, nn.Module] = {}
+    heads_from: dict[str, str] = {}
+    models: dict[float, nn.Module] = {}
     unpruned = evaluator.evaluate(model)
 
     def add(method: str, level: float, pruned: nn.Module, took: float | None = None) -> None:
@@ -107,11 +115,13 @@ def budgeted_curves(
         seconds[f"{method}@{level:g}"] = round(took, 2)
         if method == BUDGETED_TUNED:
             tuning_kept[f"{level:g}"] = result.tuned
+            if level in keep_models_at:
+                models[level] = result.model
+        if method == BUDGETED_HEADS and calibration:
+            heads_from[f"{level:g}"] = result.heads_from
         add(method, level, result.model, took)
-        if method == BUDGETED_TUNED and level in keep_models_at:
-            kept_models[level] = result.model
-    return (pd.DataFrame(rows), pd.DataFrame(layers, columns=TABLE_COLUMNS[LAYERS_TABLE]), seconds, tuning_kept,
-            kept_models)
+    return BudgetedCurves(pd.DataFrame(rows), pd.DataFrame(layers, columns=TABLE_COLUMNS[LAYERS_TABLE]), seconds,
+                          tuning_kept, heads_from, models)
 
 
 def flag_collapses(table: pd.DataFrame, metric: str, collapse: float) -> pd.DataFrame:
@@ -173,8 +183,9 @@ def budgeted_comparison(
     """Fisher gradients on `fisher_batches`, unit costs (FLOPs on `probe`, or a latency table measured at
     `latency`), then `budgeted_curves` (budgeted-heads ranking by `head_importance`; given `calibration`,
     budgeted-heads choosing on it and budgeted-tuned checking its tuning on it), the rows that collapsed flagged
-    (`flag_collapses`); the summary records where the tuning was kept, the seconds each part took, Kwon's
-    headline cost (one whole budgeted-tuned prune, from the Fisher pass to the tuned model) and every metric."""
+    (`flag_collapses`). The summary records where the tuning was kept, which candidate budgeted-heads' heads came
+    from, the seconds each part took, Kwon's headline cost (one whole budgeted-tuned prune, from the Fisher pass
+    to the tuned model) and every metric."""
     start = time.perf_counter()
     gradients = gate_gradients(model, fisher_batches)
     timings = None
@@ -185,16 +196,18 @@ def budgeted_comparison(
         timings = latency_table(model, inputs, latency.repeats)
         costs = latency_costs(model, timings)
     setup_seconds = time.perf_counter() - start
-    table, layers, seconds, tuning_kept, kept = budgeted_curves(
-        model, evaluator, gradients, costs, order, levels, methods, tune_batches, first_token_last_layer,
-        keep_models_at, choice, calibration, head_importance)
-    table = flag_collapses(table, metric, collapse)
-    summary: dict = {"budget": budget, "seconds": {"fisher_and_costs": round(setup_seconds, 2), **seconds}}
-    if tuning_kept:
-        summary["tuning_kept"] = tuning_kept
-    for level in kept:
-        summary["seconds"][f"whole_prune@{level:g}"] = round(setup_seconds + seconds[f"{BUDGETED_TUNED}@{level:g}"], 2)
+    curves = budgeted_curves(model, evaluator, gradients, costs, order, levels, methods, tune_batches,
+                             first_token_last_layer, keep_models_at, choice, calibration, head_importance)
+    table = flag_collapses(curves.table, metric, collapse)
+    summary: dict = {"budget": budget, "seconds": {"fisher_and_costs": round(setup_seconds, 2), **curves.seconds}}
+    if curves.tuning_kept:
+        summary["tuning_kept"] = curves.tuning_kept
+    if curves.heads_from:
+        summary["heads_from"] = curves.heads_from
+    for level in curves.models:
+        summary["seconds"][f"whole_prune@{level:g}"] = round(
+            setup_seconds + curves.seconds[f"{BUDGETED_TUNED}@{level:g}"], 2)
     for split in evaluator.evals:
         rows = table[table.split == split]
         summary[split] = {f"{r.method}@{r.budget_removed:g}": round(r.metric, 4) for r in rows.itertuples()}
-    return BudgetedComparison(table, layers, summary, kept, timings)
+    return BudgetedComparison(table, curves.layers, summary, curves.models, timings)
