@@ -8,7 +8,7 @@ TORCH_CPU ?= torch==2.13.0
 # fairseq 0.12.2 does not import on Python 3.11; this maintained fork does (pipeline/backends/fairseq.py).
 FAIRSEQ ?= fairseq-fixed==0.12.3.1
 
-.PHONY: setup test repro repro-tasks repro-mt repro-llm lint gpu-check
+.PHONY: setup test test-fast repro repro-tasks repro-mt repro-llm lint gpu-check
 
 setup: $(VENV)/.installed
 
@@ -24,8 +24,13 @@ $(VENV)/.installed: pyproject.toml
 	MAX_JOBS=2 $(VENV)/bin/uv pip install -q --python $(PY) --no-deps --no-build-isolation "$(FAIRSEQ)"
 	touch $@
 
+# The full suite, as .ci/run calls it; --durations lists the slowest tests, the ones to share fixtures or shrink.
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15
+
+# Day-to-day: every test not marked slow (pyproject.toml), i.e. the core, config and data specifications.
+test-fast: setup
+	$(PY) -m pytest -m "not slow" --durations=10
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -198,6 +198,7 @@ def test_an_artifact_error_survives_the_trip_back_from_a_dask_worker() -> None:
         assert (type(back), back.path, back.what) == (type(error), error.path, error.what)
 
 
+@pytest.mark.slow  # runs stages in subprocesses on a tiny project
 def test_a_stage_on_a_truncated_model_exits_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     project = tmp_path / "tiny"
     project.mkdir()

@@ -299,6 +299,7 @@ UNIFORM = {  # per family, a uniform plan whose shape the family's own config de
 }
 
 
+@pytest.mark.slow  # a fresh Python process per family
 @pytest.mark.parametrize("family", sorted(UNIFORM))
 def test_a_uniformly_pruned_gqa_model_loads_with_stock_from_pretrained_in_a_fresh_process(family, tmp_path):
     model, batch = lm(family), tiny_batch(family)

@@ -29,6 +29,8 @@ import yaml
 from pipeline.files.atomic import remove_stale_scratch, staged_dir, write_bytes
 from tests.tiny_project import STAGES, make_tiny_project, ran_stages, run, tiny_params, with_budgeted
 
+pytestmark = pytest.mark.slow  # kills and reruns `dvc repro` and flow runs: minutes; `make test-fast` leaves it out
+
 EXPERIMENT = "tiny"
 REPORTS = Path("reports") / EXPERIMENT
 # The values that are wall-clock measurements, so no two runs agree on them: per file, the CSV columns or the

@@ -334,6 +334,7 @@ def prepared(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # the prepare stage in a subprocess
 def test_prepare_trains_a_tokenizer_and_saves_token_sequences(prepared):
     from transformers import AutoTokenizer, LlamaConfig
 
@@ -358,6 +359,7 @@ def test_prepare_refuses_bad_data_in_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "artifacts").exists()
 
 
+@pytest.mark.slow  # the prepare and finetune stages in subprocesses
 def test_finetune_trains_from_scratch_and_saves_a_model_the_later_stages_load(prepared, monkeypatch):
     from pipeline.run.experiment import Experiment
 
@@ -374,6 +376,7 @@ def test_finetune_trains_from_scratch_and_saves_a_model_the_later_stages_load(pr
     assert exp.lm_eval("test")(model)[0] == pytest.approx(metrics["test"], rel=1e-5)
 
 
+@pytest.mark.slow  # the prepare and finetune stages in subprocesses
 def test_a_pretrained_model_is_only_evaluated(tmp_path, tokenizer, model, monkeypatch):
     from pipeline.run.experiment import Experiment
 

@@ -22,6 +22,8 @@ from tests.tiny_project import (
     undeclared_params,
 )
 
+pytestmark = pytest.mark.slow  # runs `dvc repro` of the tiny pipeline: minutes; `make test-fast` leaves it out
+
 
 @pytest.fixture(scope="module")
 def trace_dir(tiny_trace_dir) -> Path:

@@ -53,6 +53,7 @@ def test_a_runtime_this_machine_cannot_run_is_refused_in_one_line(device, precis
         resolve_runtime(device, precision)
 
 
+@pytest.mark.slow  # a stage in a subprocess
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_a_stage_asked_for_a_missing_gpu_stops_in_one_line_before_it_writes(tmp_path):
     params = tiny_params()
@@ -79,6 +80,7 @@ def bf16_repo(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # its fixture runs `dvc repro` of the tiny pipeline
 def test_bf16_on_the_cpu_runs_the_tiny_pipeline_end_to_end(bf16_repo):
     reports = bf16_repo / "reports" / "tiny"
     for table in ("ablation.csv", "importance.csv", "pruning_curve.csv", "recovery.csv", "benchmark.csv"):
@@ -86,6 +88,7 @@ def test_bf16_on_the_cpu_runs_the_tiny_pipeline_end_to_end(bf16_repo):
     assert (reports / "report.html").is_file()
 
 
+@pytest.mark.slow  # shares that fixture
 def test_bf16_scoring_of_one_model_ranks_heads_as_fp32_scoring_does(bf16_repo, monkeypatch):
     # The estimator alone: the same fine-tuned model scored under bf16 autocast and in fp32. (Whole runs differ
     # more on a tiny random model, whose 8 heads are near-exchangeable: bf16 fine-tuning gives another model.)
