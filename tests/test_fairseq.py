@@ -37,7 +37,7 @@ from pipeline.core.sites import attention_sites  # noqa: E402
 from pipeline.core.surgery import prune_heads  # noqa: E402
 from pipeline.methods.pruning import CurveEvaluator, plans_from_order  # noqa: E402
 
-pytestmark = pytest.mark.slow  # trains a fairseq model with fairseq-train: minutes; `make test-fast` leaves it out
+pytestmark = pytest.mark.slow  # trains a fairseq model with fairseq-train
 
 # Every kind touched, with different counts per site, and one site of each kind emptied.
 PLAN = {0: [1, 2], 1: [0, 1, 2, 3], 2: [0, 1, 2, 3], 3: [3], 4: [1], 5: [0, 1, 2, 3]}

@@ -30,7 +30,7 @@ from pipeline.core.sites import attention_sites  # noqa: E402
 from pipeline.run.experiment import Experiment  # noqa: E402
 from stages import prepare  # noqa: E402
 
-pytestmark = pytest.mark.slow  # runs `dvc repro mt-fairseq/dvc.yaml`: minutes; `make test-fast` leaves it out
+pytestmark = pytest.mark.slow  # runs `dvc repro mt-fairseq/dvc.yaml`
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "finetune", "ablate", "score", "prune", "benchmark", "report"]

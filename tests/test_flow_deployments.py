@@ -17,7 +17,7 @@ import pytest
 
 from tests.tiny_project import ROOT, STAGES, commit_all, make_tiny_project, ran_stages, run
 
-# slow: starts a Prefect server and a worker that runs the tiny pipeline: minutes; `make test-fast` leaves it out
+# slow: starts a Prefect server and a worker that runs the tiny pipeline
 pytestmark = [pytest.mark.usefixtures("prefect_home"), pytest.mark.slow]
 BIN = Path(sys.executable).parent
 

@@ -19,7 +19,7 @@ from pipeline.config.params import ParamsError
 from pipeline.flows import dvc_flows as flows
 from tests.tiny_project import ROOT, STAGES, commit_all, make_tiny_project, run
 
-# slow: runs the Prefect flows over the tiny pipeline: minutes; `make test-fast` leaves it out
+# slow: runs the Prefect flows over the tiny pipeline
 pytestmark = [pytest.mark.usefixtures("prefect_home"), pytest.mark.slow]
 
 

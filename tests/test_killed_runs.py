@@ -29,7 +29,7 @@ import yaml
 from pipeline.files.atomic import remove_stale_scratch, staged_dir, write_bytes
 from tests.tiny_project import STAGES, make_tiny_project, ran_stages, run, tiny_params, with_budgeted
 
-pytestmark = pytest.mark.slow  # kills and reruns `dvc repro` and flow runs: minutes; `make test-fast` leaves it out
+pytestmark = pytest.mark.slow  # kills and reruns `dvc repro` and flow runs
 
 EXPERIMENT = "tiny"
 REPORTS = Path("reports") / EXPERIMENT

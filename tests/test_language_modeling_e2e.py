@@ -13,7 +13,7 @@ import pytest
 from tests.test_language_modeling import corpus, tiny_lm_params
 from tests.tiny_project import make_pipeline_repo, ran_stages, run, traced_env, undeclared_params
 
-pytestmark = pytest.mark.slow  # runs `dvc repro llm/dvc.yaml`: minutes; `make test-fast` leaves it out
+pytestmark = pytest.mark.slow  # runs `dvc repro llm/dvc.yaml`
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]

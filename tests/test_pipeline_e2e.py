@@ -22,7 +22,7 @@ from tests.tiny_project import (
     undeclared_params,
 )
 
-pytestmark = pytest.mark.slow  # runs `dvc repro` of the tiny pipeline: minutes; `make test-fast` leaves it out
+pytestmark = pytest.mark.slow  # runs `dvc repro` of the tiny pipeline
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import yaml
 
 from tests.tiny_project import MT_COLUMNS, make_pipeline_repo, ran_stages, run, traced_env, undeclared_params
 
-pytestmark = pytest.mark.slow  # runs `dvc repro mt/dvc.yaml`: minutes; `make test-fast` leaves it out
+pytestmark = pytest.mark.slow  # runs `dvc repro mt/dvc.yaml`
 
 ROOT = Path(__file__).resolve().parents[1]
 LEXICON = {"the": "el", "cat": "gato", "dog": "perro", "eats": "come", "sees": "ve", "big": "grande",
