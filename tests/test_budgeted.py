@@ -284,19 +284,18 @@ def test_latency_costs_recover_the_slope_of_a_latency_table():
         latency_costs(model, [dict(units="heads", per_layer=4, seconds=1.0)] + table[4:])
 
 
-def test_latency_table_times_every_layer_cut_to_fewer_units():
+def test_latency_table_times_every_layer_cut_to_fewer_units_together_in_one_interleaved_timing():
     model = tiny_model("bert", attn_implementation="eager")
     calls = []
 
-    def count_calls(fn, repeats):
-        fn()
-        calls.append(repeats)
-        return 0.5
+    def count_calls(fns, repeats):
+        calls.append((list(fns), repeats))
+        return {key: 0.5 for key in fns if fns[key]() is not None}
 
     rows = latency_table(model, probe("bert"), repeats=2, points=3, timer=count_calls)
-    assert [(r["units"], r["per_layer"]) for r in rows] == [("heads", 4), ("heads", 2), ("heads", 1),
-                                                          ("neurons", 37), ("neurons", 23), ("neurons", 9)]
-    assert calls == [2] * 6
+    cuts = [("heads", 4), ("heads", 2), ("heads", 1), ("neurons", 37), ("neurons", 23), ("neurons", 9)]
+    assert [(r["units"], r["per_layer"]) for r in rows] == cuts
+    assert calls == [(cuts, 2)] and all(r["seconds"] == 0.5 for r in rows)
 
 
 def test_selection_plans_name_original_indices_of_the_units_that_go():

@@ -33,7 +33,7 @@ from pipeline.methods.bench import throughput_table
 
 FRACTIONS = [0.0, 0.3, 0.5, 0.7]
 PRECISIONS = ["fp32", "bf16"]
-FULL = dict(shape="bert-base", batch_sizes=[1, 4, 16, 64, 128, 256], seq_len=128, repeats=5)
+FULL = dict(shape="bert-base", batch_sizes=[1, 4, 16, 64, 128, 256], seq_len=128, repeats=7)
 TINY = dict(shape="tiny", batch_sizes=[1, 2], seq_len=16, repeats=1)
 COLUMNS = {  # the printed table's columns, from throughput_table's
     "batch_size": "batch", "fraction_pruned": "heads pruned", "precision": "precision",

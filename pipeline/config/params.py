@@ -120,7 +120,7 @@ class LatencyProbeParams(Section):
 
     batch_size: int = Field(64, ge=1)
     seq_len: int = Field(128, ge=1)
-    repeats: int = Field(3, ge=1)
+    repeats: int = Field(7, ge=1)
 
 
 class BudgetedParams(Section):
@@ -202,7 +202,9 @@ Precision = Literal[PRECISIONS]
 class BenchmarkParams(Section):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1)
     seq_len: int = Field(128, ge=1)
-    repeats: int = Field(3, ge=1)
+    # Rounds after a warm-up, every model called once a round (pipeline/methods/bench.py): a speedup is the median
+    # of the rounds' ratios, with its interquartile range. On two shared cores, 3 rounds moved a ratio by 0.3.
+    repeats: int = Field(7, ge=1)
     attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
     # Each model is timed at each of these (autocast for bf16/fp16), beside runtime.precision's own run.
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
@@ -397,7 +399,7 @@ class GenerationBenchmarkParams(Section):
 
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 16, 64], min_length=1)
     new_tokens: int = Field(16, ge=1)
-    repeats: int = Field(3, ge=1)
+    repeats: int = Field(7, ge=1)
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
 
 
@@ -508,7 +510,7 @@ class LanguageModelingBenchmarkParams(GenerationBenchmarkParams):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
     prompt_tokens: int = Field(64, ge=1)  # every prompt this long: prefill tokens/s, and the cache decoding starts at
     new_tokens: int = Field(32, ge=1)  # greedy decode steps timed, from the prompt's cache
-    repeats: int = Field(5, ge=1)
+    repeats: int = Field(7, ge=1)
 
 
 class LanguageModelingRecoverParams(LanguageModelTrainParams):

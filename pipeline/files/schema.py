@@ -148,11 +148,13 @@ TABLE_COLUMNS = {
     LAYERS_TABLE: ["method", "budget_removed", "unit", "kind", "layer", "kept", "of"],
     "recovery.csv": ["fraction_pruned", "metric_before", "metric_after"],
     # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
+    # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles.
     "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
-                      "ideal_speedup", "device", "precision"],
+                      "speedup_q1", "speedup_q3", "ideal_speedup", "device", "precision"],
     "benchmark_budgeted.csv": ["attn_implementation", "batch_size", "budget_removed", "examples_per_s", "speedup",
-                               "ideal_speedup", "params", "device", "precision"],
+                               "speedup_q1", "speedup_q3", "ideal_speedup", "params", "device", "precision"],
     # phase: prefill or decode (pipeline/methods/llm_bench.py); ideals from FLOPs and from KV-cache bytes per token.
-    "llm_benchmark.csv": ["model", "batch_size", "phase", "tokens_per_s", "speedup", "ideal_speedup_flops",
-                          "ideal_speedup_kv", "kv_bytes_per_token", "peak_memory_mb", "params", "device", "precision"],
+    "llm_benchmark.csv": ["model", "batch_size", "phase", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3",
+                          "ideal_speedup_flops", "ideal_speedup_kv", "kv_bytes_per_token", "peak_memory_mb", "params",
+                          "device", "precision"],
 }

@@ -1,12 +1,14 @@
 """Throughput of unpruned vs physically pruned encoders, beside the ideal speedup from FLOPs.
 
     python -m pipeline.methods.bench                      # BERT-base and MiniLM-L6 shapes, sdpa and eager
-    python -m pipeline.methods.bench --shapes minilm-l6 --batch-sizes 1 16 --repeats 3 --csv bench.csv
+    python -m pipeline.methods.bench --shapes minilm-l6 --batch-sizes 1 16 --repeats 7 --csv bench.csv
 
-Random weights are enough for speed. Each configuration is timed `--repeats` times after a warm-up
-and the median is reported; every model of one shape is measured in the same run, so ratios are
-side by side. The scoring-cost line compares one importance pass (forward + backward to the
-gates) over a data set with a forward pass over the same data.
+Random weights are enough for speed. The models of one shape and batch size take turns, one call each per
+round, for `--repeats` rounds after a warm-up (`interleaved_times`); a speedup is the median of the rounds'
+ratios to the unpruned model's call in the same round, with its interquartile range (`speedup_q1`,
+`speedup_q3`), so a reader can tell a real difference from the machine's noise. The scoring-cost line
+compares one importance pass (forward + backward to the gates) over a data set with a forward pass over the
+same data.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 import transformers
@@ -36,34 +40,59 @@ SHAPES = {
 }
 
 
-def median_times(fns: Mapping[Hashable, Callable[[], object]], repeats: int,
-                 runtime: Runtime = CPU_FP32) -> dict[Hashable, float]:
-    """The median seconds of `repeats` calls of each of `fns` under the runtime's autocast, after one warm-up call
-    of each. Each repeat calls every one in turn, so that load from elsewhere on a shared machine, which comes and
-    goes over seconds, falls on all of them alike rather than on whichever was being timed then.
+def interleaved_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
+                      runtime: Runtime = CPU_FP32) -> dict[Hashable, list[float]]:
+    """The seconds of each of `fns`, once per round for `rounds` rounds, under the runtime's autocast, after one
+    warm-up call of each. Every round calls each in turn, starting one later each round (A B C, B C A, ...): load
+    from elsewhere on a shared machine comes and goes over seconds, so within a round it falls on all of them
+    alike, and no one of them always runs first after another's caches.
 
     CUDA runs asynchronously: the device is synchronised before each timer starts and before it stops, so a
     call is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
     """
     # A caller that passes no runtime (the budgeted latency table) may still time CUDA models: synchronise then too.
     sync = runtime.synchronize if runtime.is_cuda or not torch.cuda.is_initialized() else torch.cuda.synchronize
-    times: dict[Hashable, list[float]] = {key: [] for key in fns}
+    keys = list(fns)
+    times: dict[Hashable, list[float]] = {key: [] for key in keys}
     with runtime.autocast():
         for fn in fns.values():
             fn()  # warm-up: allocator, kernel selection (cuBLAS and cuDNN heuristics on a GPU)
-        for _ in range(repeats):
-            for key, fn in fns.items():
+        for round_ in range(rounds):
+            for key in keys[round_ % len(keys):] + keys[:round_ % len(keys)]:
                 sync()
                 start = time.perf_counter()
-                fn()
+                fns[key]()
                 sync()
                 times[key].append(time.perf_counter() - start)
-    return {key: statistics.median(seconds) for key, seconds in times.items()}
+    return times
 
 
-def median_time(fn: Callable[[], object], repeats: int, runtime: Runtime = CPU_FP32) -> float:
-    """The median seconds of `repeats` calls of `fn` under the runtime's autocast, after one warm-up call."""
-    return median_times({fn: fn}, repeats, runtime)[fn]
+def median_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
+                 runtime: Runtime = CPU_FP32) -> dict[Hashable, float]:
+    """The median of each one's `interleaved_times`."""
+    return {key: statistics.median(seconds) for key, seconds in interleaved_times(fns, rounds, runtime).items()}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A speedup measured round by round: the median of the rounds' ratios and their interquartile range."""
+
+    median: float
+    q1: float
+    q3: float
+
+
+def speedup_ratio(reference: Sequence[float], seconds: Sequence[float]) -> Ratio:
+    """How many times faster than `reference` a model ran, from the two's seconds in the same rounds: each
+    round's ratio pairs two calls made a moment apart, so drift between rounds cancels out of it."""
+    ratios = np.asarray(reference, dtype=float) / np.asarray(seconds, dtype=float)
+    q1, median, q3 = np.quantile(ratios, [0.25, 0.5, 0.75])
+    return Ratio(float(median), float(q1), float(q3))
+
+
+def ratio_columns(ratio: Ratio, prefix: str = "speedup") -> dict[str, float]:
+    """The speedup columns of a benchmark row: the median ratio, and its interquartile range over the rounds."""
+    return {prefix: ratio.median, f"{prefix}_q1": ratio.q1, f"{prefix}_q3": ratio.q3}
 
 
 def on_device(inputs: Mapping[str, torch.Tensor], runtime: Runtime) -> dict[str, torch.Tensor]:
@@ -142,8 +171,10 @@ def measure_throughput(
     models: Mapping[float, nn.Module], inputs: Mapping[str, torch.Tensor], repeats: int,
     runtime: Runtime = CPU_FP32,
 ) -> list[dict]:
-    """Examples/s of each model (keyed by fraction pruned; the first is the reference) on one batch,
-    with the measured and the ideal (FLOP-count) speedup over the reference. The models must be on the
+    """Examples/s of each model (keyed by fraction pruned; the first is the reference) on one batch, the models
+    taking turns for `repeats` rounds (`interleaved_times`), with the measured speedup over the reference (the
+    median of the rounds' ratios, and their interquartile range: `ratio_columns`) beside the ideal (FLOP-count)
+    one. The models must be on the
     runtime's device; every one is timed at the runtime's precision, so a speedup compares models at the same
     precision, batch and attention implementation."""
     fractions = list(models)
@@ -151,19 +182,17 @@ def measure_throughput(
     probe = {k: v[:1] for k, v in inputs.items()}
     flops = {f: forward_flops(m, probe) for f, m in models.items()}
     batch_size = next(iter(inputs.values())).shape[0]
-    rows, base_rate = [], None
-    for fraction, model in models.items():
-        with torch.inference_mode():
-            seconds = median_time(lambda model=model: model(**inputs), repeats, runtime)
-        rate = batch_size / seconds
-        base_rate = base_rate or rate
-        rows.append(dict(
-            attn_implementation=model.config._attn_implementation, batch_size=batch_size,
-            fraction_pruned=fraction, examples_per_s=rate, speedup=rate / base_rate,
-            ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
-            **runtime_columns(runtime),
-        ))
-    return rows
+    with torch.inference_mode():
+        seconds = interleaved_times({f: (lambda model=model: model(**inputs)) for f, model in models.items()},
+                                    repeats, runtime)
+    reference = seconds[fractions[0]]
+    return [dict(
+        attn_implementation=model.config._attn_implementation, batch_size=batch_size, fraction_pruned=fraction,
+        examples_per_s=batch_size / statistics.median(seconds[fraction]),
+        **ratio_columns(speedup_ratio(reference, seconds[fraction])),
+        ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
+        **runtime_columns(runtime),
+    ) for fraction, model in models.items()]
 
 
 def measure_generation(
@@ -186,19 +215,20 @@ def measure_generation(
         return {k: v[:1] for k, v in inputs.items()} | {"decoder_input_ids": start}
 
     flops = {f: forward_flops(m, probe(m)) for f, m in models.items()}
-    rows, base_rate = [], None
+    with torch.inference_mode():
+        seconds = interleaved_times({f: (lambda model=model: model.generate(
+            **inputs, num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens)) for f, model in models.items()}, repeats, runtime)
+    reference = seconds[fractions[0]]
+    rows = []
     for fraction, model in models.items():
-        with torch.inference_mode():
-            seconds = median_time(lambda model=model: model.generate(
-                **inputs, num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens,
-                max_new_tokens=new_tokens), repeats, runtime)
-        rate = batch_size / seconds
-        base_rate = base_rate or rate
+        rate = batch_size / statistics.median(seconds[fraction])
         rows.append(dict(
             attn_implementation=model.config._attn_implementation, batch_size=batch_size,
             fraction_pruned=fraction, examples_per_s=rate, tokens_per_s=rate * new_tokens,
-            speedup=rate / base_rate, ideal_speedup=flops[fractions[0]] / flops[fraction],
-            params=parameter_count(model), **runtime_columns(runtime),
+            **ratio_columns(speedup_ratio(reference, seconds[fraction])),
+            ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
+            **runtime_columns(runtime),
         ))
     return rows
 
@@ -235,7 +265,8 @@ def throughput_table(
 def _row_line(row: dict) -> str:
     return (f"{row['shape']:>9} {row['precision']} {row['attn_implementation']:>5} batch {row['batch_size']:>3} "
             f"pruned {row['fraction_pruned']:.0%}: {row['examples_per_s']:8.1f} ex/s  "
-            f"speedup {row['speedup']:.3f} (ideal {row['ideal_speedup']:.3f})")
+            f"speedup {row['speedup']:.3f} [{row['speedup_q1']:.3f}, {row['speedup_q3']:.3f}] "
+            f"(ideal {row['ideal_speedup']:.3f})")
 
 
 def scoring_cost(shape: str, batch_size: int, batches: int, seq_len: int, repeats: int) -> dict:
@@ -252,10 +283,11 @@ def scoring_cost(shape: str, batch_size: int, batches: int, seq_len: int, repeat
             for batch in data:
                 model(**batch)
 
-    forward = median_time(forward_pass, repeats)
-    scoring = median_time(lambda: head_importance(model, data, progress=False), repeats)
-    return dict(shape=shape, examples=batch_size * batches, forward_s=forward, scoring_s=scoring,
-                ratio=scoring / forward)
+    seconds = interleaved_times({"forward": forward_pass,
+                                 "scoring": lambda: head_importance(model, data, progress=False)}, repeats)
+    return dict(shape=shape, examples=batch_size * batches, forward_s=statistics.median(seconds["forward"]),
+                scoring_s=statistics.median(seconds["scoring"]),
+                ratio=speedup_ratio(seconds["scoring"], seconds["forward"]).median)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -265,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--attn", nargs="+", default=["sdpa", "eager"], choices=["sdpa", "eager"])
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7, help="rounds, after a warm-up")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--csv", default=None, help="also write the throughput table here")
     args = parser.parse_args(argv)
@@ -275,13 +307,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, seq_len {args.seq_len}, "
-          f"median of {args.repeats}", flush=True)
+          f"median of {args.repeats} interleaved rounds [interquartile range]", flush=True)
 
     table = throughput_table(args.shapes, fractions, args.batch_sizes, args.attn, args.seq_len, args.repeats)
     if args.csv:
         table.to_csv(args.csv, index=False)
     pivot = table.pivot_table(index=["shape", "attn_implementation", "batch_size"], columns="fraction_pruned",
-                              values=["examples_per_s", "speedup", "ideal_speedup"])
+                              values=["examples_per_s", "speedup", "speedup_q1", "speedup_q3", "ideal_speedup"])
     print("\n" + pivot.round(3).to_string())
 
     cost = scoring_cost(args.shapes[-1], batch_size=16, batches=4, seq_len=args.seq_len, repeats=args.repeats)

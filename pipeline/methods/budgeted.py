@@ -41,7 +41,7 @@ from pipeline.core.importance import PAPER_CHOICE, HeadChoice, frozen_for_gate_g
 from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only, pre_norms
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED, ENCODER
-from pipeline.methods.bench import median_time
+from pipeline.methods.bench import median_times
 
 Batches = Sequence[Mapping[str, torch.Tensor]]
 
@@ -172,26 +172,27 @@ def _evenly_pruned(model: nn.Module, heads_per_site: int | None, neurons_per_sit
     return pruned
 
 
-def latency_table(model: nn.Module, inputs: Mapping[str, torch.Tensor], repeats: int = 3, points: int = 5,
-                  timer: Callable[[Callable[[], object], int], float] | None = None) -> list[dict]:
+def latency_table(model: nn.Module, inputs: Mapping[str, torch.Tensor], repeats: int = 7, points: int = 5,
+                  timer: Callable[[Mapping[str, Callable[[], object]], int], Mapping[str, float]] | None = None
+                  ) -> list[dict]:
     """Forward latency on `inputs` with every layer cut to n heads (neurons kept) and to n neurons (heads
     kept), for `points` values of n from the full count down to a quarter of it: one row per measurement,
-    with the per-layer counts and the median seconds. Measured on this machine, as Kwon's lookup tables."""
-    timer = timer or median_time
+    with the per-layer counts and the median seconds. Measured on this machine, as Kwon's lookup tables; the
+    cut models take turns for `repeats` rounds (`median_times`), so the slope is not the machine's drift."""
+    timer = timer or median_times
     device = next(model.parameters()).device  # timed where the model runs, at the caller's autocast precision
     inputs = {k: v.to(device) for k, v in inputs.items()}
     full_heads = attention_sites(model)[0].num_heads
     full_neurons = ffn_sites(model)[0].num_neurons
-    rows = []
+    cuts: dict[tuple[str, int], nn.Module] = {}
     for kind, full in (("heads", full_heads), ("neurons", full_neurons)):
         for count in np.unique(np.linspace(full, max(1, full // 4), points).round().astype(int))[::-1]:
             count = int(count)
-            candidate = _evenly_pruned(model, count if kind == "heads" else None,
-                                       count if kind == "neurons" else None)
-            with torch.inference_mode():
-                seconds = timer(lambda m=candidate: m(**inputs), repeats)
-            rows.append(dict(units=kind, per_layer=count, seconds=seconds))
-    return rows
+            cuts[kind, count] = _evenly_pruned(model, count if kind == "heads" else None,
+                                               count if kind == "neurons" else None)
+    with torch.inference_mode():
+        seconds = timer({key: (lambda m=cut: m(**inputs)) for key, cut in cuts.items()}, repeats)
+    return [dict(units=kind, per_layer=count, seconds=seconds[kind, count]) for kind, count in cuts]
 
 
 def latency_costs(model: nn.Module, table: Sequence[Mapping]) -> UnitCosts:

@@ -3,8 +3,9 @@
     python -m pipeline.methods.llm_bench                  # a small random Llama, unpruned vs half its KV groups
     python -m pipeline.methods.llm_bench --batch-sizes 1 8 32 --new-tokens 32 --repeats 5 --csv llm_bench.csv
 
-Two phases, timed apart, each the median of `repeats` after a warm-up, the models taking turns within
-each repeat (`pipeline.methods.bench.median_times`):
+Two phases, timed apart, each for `repeats` rounds after a warm-up, the models taking turns within each round
+(`pipeline.methods.bench.interleaved_times`); a speedup is the median of the rounds' ratios, with its
+interquartile range (`speedup_q1`, `speedup_q3`):
 - prefill: one forward pass over a prompt batch that builds the KV cache (and the last position's logits, as
   `generate` computes them), in prompt tokens/s;
 - decode: `new_tokens` greedy steps, each one token per sequence reading and extending that cache, in generated
@@ -18,6 +19,7 @@ what decoding reads from memory besides the weights, and what bounds the batch a
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,11 +34,13 @@ from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.methods.bench import (
-    median_times,
+    interleaved_times,
     on_device,
     peak_allocated_mib,
     random_inputs,
+    ratio_columns,
     runtime_columns,
+    speedup_ratio,
     weights_mib,
 )
 
@@ -157,8 +161,8 @@ def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], p
         prompt = on_device(random_inputs(models[reference], batch_size, prompt_tokens), runtime)
         runs = {label: phase_runs(model, prompt, new_tokens, runtime) for label, model in models.items()}
         with torch.inference_mode():
-            seconds = {PREFILL: median_times({label: r.prefill for label, r in runs.items()}, repeats, runtime),
-                       DECODE: median_times({label: r.decode for label, r in runs.items()}, repeats, runtime)}
+            seconds = {PREFILL: interleaved_times({label: r.prefill for label, r in runs.items()}, repeats, runtime),
+                       DECODE: interleaved_times({label: r.decode for label, r in runs.items()}, repeats, runtime)}
         tokens = {PREFILL: batch_size * prompt_tokens, DECODE: batch_size * new_tokens}
         kv_per_token = {label: r.prompt_cache_bytes / (batch_size * prompt_tokens) for label, r in runs.items()}
         for label, model in models.items():
@@ -172,10 +176,10 @@ def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], p
                 rows.append({
                     MODEL: label, BATCH_SIZE: batch_size, PHASE: phase, PROMPT_TOKENS: prompt_tokens,
                     NEW_TOKENS: new_tokens if phase == DECODE else 0,
-                    TOKENS_PER_S: tokens[phase] / seconds[phase][label],
+                    TOKENS_PER_S: tokens[phase] / statistics.median(seconds[phase][label]),
                     KV_BYTES_PER_TOKEN: kv_per_token[label],
                     PEAK_MEMORY_MB: weights_mib(model) + peak[phase],
-                    SPEEDUP: seconds[phase][reference] / seconds[phase][label],
+                    **ratio_columns(speedup_ratio(seconds[phase][reference], seconds[phase][label]), SPEEDUP),
                     IDEAL_SPEEDUP_FLOPS: flops[reference][phase] / flops[label][phase],
                     IDEAL_SPEEDUP_KV: kv_per_token[reference] / kv_per_token[label],
                     PARAMS: parameter_count(model), **runtime_columns(runtime),
@@ -204,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7, help="rounds, after a warm-up")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--csv", default=None, help="also write the table here")
     args = parser.parse_args(argv)
@@ -213,14 +217,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     pruned_label = f"{args.fraction:.0%} of KV groups removed"
     models = {"unpruned": random_llama(), pruned_label: without_kv_groups(random_llama(), args.fraction)}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {args.prompt_tokens} tokens, "
-          f"{args.new_tokens} new, median of {args.repeats}", flush=True)
+          f"{args.new_tokens} new, median of {args.repeats} interleaved rounds", flush=True)
     table = llm_benchmark(models, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats)
     if args.csv:
         table.to_csv(args.csv, index=False)
     table["of_ideal_flops"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_FLOPS]
     table["of_ideal_kv"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_KV]
-    shown = [MODEL, PHASE, BATCH_SIZE, TOKENS_PER_S, SPEEDUP, IDEAL_SPEEDUP_FLOPS, "of_ideal_flops",
-             IDEAL_SPEEDUP_KV, "of_ideal_kv", KV_BYTES_PER_TOKEN, PEAK_MEMORY_MB]
+    shown = [MODEL, PHASE, BATCH_SIZE, TOKENS_PER_S, SPEEDUP, f"{SPEEDUP}_q1", f"{SPEEDUP}_q3", IDEAL_SPEEDUP_FLOPS,
+             "of_ideal_flops", IDEAL_SPEEDUP_KV, "of_ideal_kv", KV_BYTES_PER_TOKEN, PEAK_MEMORY_MB]
     print(table.sort_values([PHASE, BATCH_SIZE], kind="stable")[shown].round(3).to_string(index=False))
 
 

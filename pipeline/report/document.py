@@ -138,5 +138,12 @@ def signed(x: float, digits: int = 1) -> str:
     return f"{x:+.{digits}f}"
 
 
+def with_spread(frame: pd.DataFrame, column: str = "speedup", digits: int = 2) -> pd.Series:
+    """Each row's median ratio with its interquartile range over the benchmark's rounds, "1.23 [1.20, 1.26]"."""
+    return pd.Series([f"{num(m, digits)} [{num(lo, digits)}, {num(hi, digits)}]" for m, lo, hi in
+                      zip(frame[column], frame[f"{column}_q1"], frame[f"{column}_q3"], strict=True)],
+                     index=frame.index)
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"

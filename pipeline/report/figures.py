@@ -215,7 +215,11 @@ def speedup(bench: pd.DataFrame) -> bytes:
         part = bench[(bench["attn_implementation"] == impl) & (bench["precision"] == precision)]
         for i, (bs, rows) in enumerate(part.groupby("batch_size")):
             rows = rows.sort_values("fraction_pruned")
-            ax.plot(100 * rows["fraction_pruned"], rows["speedup"], "o-", color=f"C{i}", label=f"batch {bs}")
+            x = 100 * rows["fraction_pruned"]
+            ax.plot(x, rows["speedup"], "o-", color=f"C{i}", label=f"batch {bs}")
+            ax.errorbar(x, rows["speedup"], yerr=[rows["speedup"] - rows["speedup_q1"],  # the rounds' quartiles
+                                                  rows["speedup_q3"] - rows["speedup"]],
+                        fmt="none", ecolor=f"C{i}", capsize=3, lw=1)
         ideal = part.groupby("fraction_pruned")["ideal_speedup"]
         if (ideal.max() - ideal.min()).max() < 1e-6:  # same for every batch size: draw it once
             ideal = ideal.mean()

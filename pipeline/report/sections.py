@@ -23,7 +23,7 @@ from pipeline.files.schema import (
     improvement,
 )
 from pipeline.report import figures
-from pipeline.report.document import Doc, num, pct, signed
+from pipeline.report.document import Doc, num, pct, signed, with_spread
 from pipeline.report.inputs import (
     KIND_METHODS,
     TEST,
@@ -160,8 +160,28 @@ def _budgeted(doc: Doc, inp: Inputs) -> None:
                    "Heads and FFN neurons each method keeps, per layer and level (the count in each cell)"
                    + (f"; `{BUDGETED_TUNED}` keeps what `{BUDGETED}` keeps." if same else "."))
 
+    _budgeted_speed_table(doc, inp)
     doc.h(2, "Side by side: the paper, Kwon et al.'s reported numbers, and this run")
     doc.table(side_by_side(inp, split))
+
+
+def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
+    """The saved budgeted-tuned models' throughput against unpruned, at every batch size (benchmark_budgeted.csv)."""
+    bench = inp.benchmark_budgeted
+    if bench is None or not (bench["budget_removed"] > 0).any():
+        return
+    rows = bench[bench["budget_removed"] > 0].sort_values(["precision", "attn_implementation", "budget_removed",
+                                                           "batch_size"])
+    several = len(precisions_in(bench)) > 1
+    doc.h(2, f"Speed of the saved `{BUDGETED_TUNED}` models")
+    doc.p(f"Measured on {measured_on(bench)}, the models taking turns within each round: the median of the rounds' "
+          "throughput ratios to unpruned, with the interquartile range in brackets, beside the ideal from FLOPs.")
+    doc.table(pd.DataFrame({
+        **({"precision": rows["precision"]} if several else {}),
+        "attention": rows["attn_implementation"], "removed": rows["budget_removed"].map(pct),
+        "batch": rows["batch_size"], "speedup [IQR]": with_spread(rows),
+        "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
+        "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2))}))
 
 
 def _importance(doc: Doc, inp: Inputs) -> None:
@@ -294,8 +314,9 @@ def _speed(doc: Doc, inp: Inputs) -> None:
     order = precisions_in(bench)  # fp32 first
     several = len(order) > 1
     doc.p(f"Measured on {measured_on(bench)} (device, precision). A speedup compares a pruned model with the "
-          f"unpruned one at the same precision, batch size and attention implementation; the ideal speedup is "
-          f"the ratio of their forward-pass FLOPs.")
+          f"unpruned one at the same precision, batch size and attention implementation: the models take turns, "
+          f"one call each per round, and the speedup is the median of the rounds' ratios, with their interquartile "
+          f"range in brackets (the error bars). The ideal speedup is the ratio of their forward-pass FLOPs.")
     doc.figure("speedup.png", figures.speedup(bench),
                "Throughput speedup of the physically pruned model; dashed: ideal speedup.")
 
@@ -309,7 +330,7 @@ def _speed(doc: Doc, inp: Inputs) -> None:
             "attention": rows["attn_implementation"], "batch": rows["batch_size"],
             "heads pruned": rows["fraction_pruned"].map(pct), "sentences/s": rows["examples_per_s"].map(num),
             "tokens/s": rows["tokens_per_s"].map(lambda v: num(v, 0)),
-            "speedup": rows["speedup"].map(lambda v: num(v, 2)),
+            "speedup [IQR]": with_spread(rows),
             "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2))}))
     table = None if "tokens_per_s" in bench else table4(bench)
     if table is not None:
@@ -354,12 +375,13 @@ def _serving(doc: Doc, inp: Inputs) -> None:
         "model": first["model"], "KV bytes/token": first["kv_bytes_per_token"].map(lambda v: num(v, 0)),
         "saving": (1 - 1 / first["ideal_speedup_kv"]).map(pct), "parameters": first["params"].map(lambda v: f"{v:,}")}))
     doc.p(f"Measured on {measured_on(bench)}. Speedups compare each model with the unpruned one in the same run "
-          f"(medians over repeats, the models taking turns); the ideals are the ratio of FLOPs (of the prefill, or "
+          f"(the median of the rounds' ratios, the models taking turns within each round, with the interquartile "
+          f"range in brackets); the ideals are the ratio of FLOPs (of the prefill, or "
           f"of one decode step at the mean context) and of KV bytes per token.")
     doc.table(pd.DataFrame({
         "model": bench["model"], "phase": bench["phase"], "batch": bench["batch_size"],
         "tokens/s": bench["tokens_per_s"].map(lambda v: num(v, 0)),
-        "speedup": bench["speedup"].map(lambda v: num(v, 2)),
+        "speedup [IQR]": with_spread(bench),
         "ideal (FLOPs)": bench["ideal_speedup_flops"].map(lambda v: num(v, 2)),
         "of ideal (FLOPs)": (bench["speedup"] / bench["ideal_speedup_flops"]).map(lambda v: num(v, 2)),
         "ideal (KV bytes)": bench["ideal_speedup_kv"].map(lambda v: num(v, 2)),

@@ -1,0 +1,47 @@
+"""The benchmark's timer (pipeline/methods/bench.py): models take turns within each round, and a speedup is the
+median of the rounds' paired ratios, with its interquartile range."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.methods.bench import (
+    interleaved_times,
+    measure_throughput,
+    random_encoder,
+    random_inputs,
+    speedup_ratio,
+)
+
+
+def test_interleaved_times_warm_each_up_then_take_turns_starting_one_later_each_round():
+    calls = []
+    seconds = interleaved_times({key: (lambda key=key: calls.append(key)) for key in "abc"}, rounds=4)
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
+    assert {key: len(s) for key, s in seconds.items()} == {"a": 4, "b": 4, "c": 4}
+
+
+def test_a_speedup_pairs_the_calls_of_each_round_so_drift_across_rounds_cancels():
+    # The machine slows down fourfold over the run; within each round the model is twice as fast.
+    drift = [1.0, 1.5, 2.0, 3.0, 4.0, 4.0, 2.0]
+    reference, pruned = [d * 0.2 for d in drift], [d * 0.1 for d in drift]
+    ratio = speedup_ratio(reference, pruned)
+    assert ratio.median == pytest.approx(2.0) and ratio.q1 == pytest.approx(2.0) and ratio.q3 == pytest.approx(2.0)
+    # A burst of load on one call of one round moves neither the median nor the quartiles.
+    one_slow_call = speedup_ratio(reference, [*pruned[:-1], pruned[-1] * 4])
+    assert (one_slow_call.q1, one_slow_call.median, one_slow_call.q3) == pytest.approx((2.0, 2.0, 2.0))
+
+
+def test_the_interquartile_range_brackets_the_median_of_the_rounds_ratios():
+    ratio = speedup_ratio([1.0] * 8, [1 / r for r in (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7)])
+    assert ratio.q1 == pytest.approx(1.175) and ratio.median == pytest.approx(1.35)
+    assert ratio.q3 == pytest.approx(1.525)
+
+
+def test_throughput_rows_carry_the_median_speedup_and_its_spread_with_the_reference_at_exactly_one():
+    models = {f: random_encoder("tiny", "sdpa") for f in (0.0, 0.5)}
+    rows = measure_throughput(models, random_inputs(models[0.0], 2, 8), repeats=7)
+    reference, other = rows
+    assert (reference["speedup"], reference["speedup_q1"], reference["speedup_q3"]) == (1.0, 1.0, 1.0)
+    assert other["speedup_q1"] <= other["speedup"] <= other["speedup_q3"]
+    assert [r["fraction_pruned"] for r in rows] == [0.0, 0.5] and all(r["examples_per_s"] > 0 for r in rows)
