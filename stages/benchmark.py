@@ -27,7 +27,7 @@ import pandas as pd
 
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import TABLE_COLUMNS
+from pipeline.files.schema import FULL_WIDTHS, ROUNDED_WIDTHS, SEARCHED_WIDTHS, TABLE_COLUMNS
 from pipeline.methods.bench import forward_memory_mb, measure_generation, measure_throughput
 from pipeline.methods.llm_bench import DECODE, llm_benchmark
 from pipeline.run.experiment import Experiment, log
@@ -112,16 +112,33 @@ def language_model_stage(exp: Experiment) -> None:
     write_json(exp.reports / "benchmark.json", summary)
 
 
+def budgeted_models(exp: Experiment, levels: list[float]) -> dict[tuple[float, str], object]:
+    """The unpruned model and the saved budgeted-tuned models, keyed by (level removed, widths): a level whose
+    widths were rounded to the measured multiple (prune.budgeted.width_multiple) also has its twin as searched."""
+    models = {(0.0, FULL_WIDTHS): exp.load(exp.finetuned_dir)}
+    for level in levels:
+        twin = exp.budgeted_dir(level, unrounded=True)
+        models[level, ROUNDED_WIDTHS if twin.is_dir() else SEARCHED_WIDTHS] = exp.load(exp.budgeted_dir(level))
+        if twin.is_dir():
+            models[level, SEARCHED_WIDTHS] = exp.load(twin)
+    return models
+
+
 def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: int) -> dict:
-    """Table 4's numbers at the largest batch, for `dvc metrics`: each model's speedup and its ideal (FLOPs)."""
+    """Table 4's numbers at the largest batch, for `dvc metrics`: each model's median speedup, its interquartile
+    range and its ideal (FLOPs). A budgeted level with rounded widths names its twin as searched "-unrounded"."""
     summary: dict = {}
+    twins = set(budgeted.loc[budgeted.widths == ROUNDED_WIDTHS, "budget_removed"])
     for name, frame, column in (("pruned", table, "fraction_pruned"), ("budgeted", budgeted, "budget_removed")):
         for r in frame[(frame.batch_size == batch_size) & (frame[column] > 0)].itertuples():
             # fp32 keeps the key it had before precisions were timed; another precision names itself.
             impl = r.attn_implementation if r.precision == "fp32" else f"{r.attn_implementation}-{r.precision}"
-            key = f"{impl}@batch{batch_size}"
-            summary.setdefault(key, {})[f"{name}@{getattr(r, column):g}"] = {
-                "speedup": round(float(r.speedup), 4), "ideal_speedup": round(float(r.ideal_speedup), 4)}
+            level = getattr(r, column)
+            twin = name == "budgeted" and r.widths == SEARCHED_WIDTHS and level in twins
+            model = f"{name}@{level:g}" + ("-unrounded" if twin else "")
+            summary.setdefault(f"{impl}@batch{batch_size}", {})[model] = {
+                "speedup": round(float(r.speedup), 4), "speedup_q1": round(float(r.speedup_q1), 4),
+                "speedup_q3": round(float(r.speedup_q3), 4), "ideal_speedup": round(float(r.ideal_speedup), 4)}
     return summary
 
 
@@ -147,16 +164,19 @@ def main() -> None:
     if levels and not exp.is_translation:
         rows = []
         for impl in b.attn_implementations:
-            models = {0.0: exp.load(exp.finetuned_dir), **{lv: exp.load(exp.budgeted_dir(lv)) for lv in levels}}
+            models = budgeted_models(exp, levels)
             for model in models.values():
                 model.set_attn_implementation(impl)
             for runtime in each:
                 rows += throughput(exp, models, runtime)
-        budgeted = pd.DataFrame(rows).rename(columns={"fraction_pruned": "budget_removed"})
+        for row in rows:  # the models' keys: (level removed, widths)
+            row["budget_removed"], row["widths"] = row.pop("fraction_pruned")
+        budgeted = pd.DataFrame(rows)
         for r in budgeted[budgeted.batch_size == max(b.batch_sizes)].itertuples():
-            log.info("benchmark: budgeted-tuned, %.0f%% of the cost removed, batch %d, %s, %s %s: speedup %.3f "
-                     "(ideal %.3f)", 100 * r.budget_removed, r.batch_size, r.attn_implementation, r.device,
-                     r.precision, r.speedup, r.ideal_speedup)
+            log.info("benchmark: budgeted-tuned, %.0f%% of the cost removed (%s widths), batch %d, %s, %s %s: "
+                     "speedup %.3f [%.3f, %.3f] (ideal %.3f)", 100 * r.budget_removed, r.widths, r.batch_size,
+                     r.attn_implementation, r.device, r.precision, r.speedup, r.speedup_q1, r.speedup_q3,
+                     r.ideal_speedup)
     write_csv(exp.reports / "benchmark_budgeted.csv", budgeted)
     largest = max(b.batch_sizes)
     write_json(exp.reports / "benchmark.json", headline_speedups(table, budgeted, largest))

@@ -16,6 +16,7 @@ if __name__ == "__main__":  # the params in a second or two, before the imports 
     preflight("prune")
 
 import functools
+import time
 
 import pandas as pd
 
@@ -57,8 +58,23 @@ def main() -> None:
         prune(exp)
 
 
+class Laps:
+    """Where the stage's minutes go: `lap(name)` records the seconds since the last lap under `name` (prune.json's
+    "seconds"; the stage logs each)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._last, 1)
+        self._last = now
+
+
 def prune(exp: Experiment) -> None:
     p, pp = exp.params, exp.params.prune
+    lap = Laps()
     model = exp.load(exp.finetuned_dir)
     evals = sweep_evals(exp, pp.max_examples)
     # A short batch to count FLOPs on: its length sets the attention's share of them.
@@ -72,6 +88,7 @@ def prune(exp: Experiment) -> None:
     evaluator = CurveEvaluator(model, evals, probe)
     importance = importance_by_site(model, exp.reports / "importance.csv")
     order = choice.rank(importance, sites)
+    lap("load the model and data")
 
     for fraction in pp.save_fractions:  # for the recover and benchmark stages
         plan = choice.select(order, sites, heads_for(fraction, total))
@@ -85,18 +102,23 @@ def prune(exp: Experiment) -> None:
         summary.setdefault("kv_groups", {})[f"{fraction:g}"] = {
             "kv_heads": [site.num_kv_heads for site in attention_sites(pruned)], "stock": stock is not None,
             **({} if stock is not None else {"not_stock_because": why_not})}
+    lap("save the pruned models")
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
                           exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
+    lap("paper's curves (importance, re-estimated, random)")
     if pp.criteria:
         curves += criterion_curves(evaluator, pp.criteria, exp.score_batches(), counts, choice, p.score.normalize_p)
+        lap("criteria curves")
     if exp.is_translation and pp.by_kind:
         curves += kind_curves(evaluator, order, levels, choice)
+        lap("curves by attention kind")
     if exp.is_translation and pp.checkpoints:
         loaders = {step: functools.partial(exp.load, path) for step, path in exp.checkpoint_dirs().items()}
         by_step, summary["importance_rank_correlation_with_final"] = checkpoint_curves(
             loaders, evaluator, exp.score_batches(), counts, importance,
             p.score.normalize_p, choice, log=lambda line: log.info("prune: %s", line))
         curves += by_step
+        lap("checkpoint curves")
     table = pd.concat(curves, ignore_index=True)
     write_csv(exp.reports / "pruning_curve.csv", table)
     for split in evals:
@@ -118,11 +140,18 @@ def prune(exp: Experiment) -> None:
             model, order, probe, CurveEvaluator(model, budget_evals, probe), exp.sample_batches(b.fisher_examples),
             tune_batches, b.methods, b.levels, b.budget, LatencyShape(**b.latency.model_dump()),
             first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels, choice=choice,
-            calibration=calibration, metric=exp.task()["metric"], collapse=b.collapse, head_importance=importance)
+            calibration=calibration, metric=exp.task()["metric"], collapse=b.collapse, head_importance=importance,
+            width_multiple=b.width_multiple, width_probe_tokens=b.width_probe_tokens)
         for line in collapse_lines(result.table, b.budget):
             log.warning("prune: %s", line)
         for level, pruned in result.models.items():
             exp.save(pruned, exp.budgeted_dir(level))
+        for level, pruned in result.unrounded.items():
+            exp.save(pruned, exp.budgeted_dir(level, unrounded=True))
+        widths = result.summary["widths"]
+        log.info("prune: the joint budgeted methods keep FFN neurons in blocks of %d%s", widths["multiple"],
+                 f" (measured, of the FLOP-ideal speed per multiple: {widths['probe_efficiency']})"
+                 if "probe_efficiency" in widths else "")
         for level in sorted(set(b.save_levels) - set(result.models)):
             log.warning("prune: %s cannot remove %.0f%% of the %s: no model saved at that level", BUDGETED_TUNED,
                         100 * level, b.budget)
@@ -140,6 +169,10 @@ def prune(exp: Experiment) -> None:
         budgeted_table, budgeted_layers, summary["budgeted"] = result.table, result.layers, result.summary
         if result.latency_table is not None:
             summary["budgeted"]["latency_table"] = result.latency_table
+        lap("budgeted comparison")
+    summary["seconds"] = lap.seconds
+    for name, seconds in lap.seconds.items():
+        log.info("prune: %s took %.0f s", name, seconds)
     write_csv(exp.reports / "budgeted_curve.csv", budgeted_table)
     write_csv(exp.reports / LAYERS_TABLE, budgeted_layers)
     write_json(exp.reports / "prune.json", summary)

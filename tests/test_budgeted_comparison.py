@@ -73,8 +73,7 @@ def test_kept_per_layer_counts_the_heads_and_neurons_each_site_keeps_of_its_orig
     assert set(rows.columns) == set(TABLE_COLUMNS[LAYERS_TABLE])
 
 
-@pytest.fixture(scope="module")
-def comparison():
+def compare(**options):
     model = tiny_model("bert", attn_implementation="eager").eval()
     batches = [tiny_batch("bert", batch_size=4, length=9, seed=s) for s in range(3)]
     held_out = [tiny_batch("bert", batch_size=4, length=9, seed=s) for s in (5, 6)]
@@ -86,7 +85,23 @@ def comparison():
     order = [(i, h) for i, site in enumerate(attention_sites(model)) for h in range(site.num_heads)]
     return budgeted_comparison(model, order, eval_batches[0], evaluator, batches, batches,
                                [BUDGETED_HEADS, BUDGETED, BUDGETED_TUNED], [0.1, 0.3], calibration=held_out,
-                               collapse=10)
+                               collapse=10, **options)
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    return compare()
+
+
+def test_with_a_neuron_multiple_the_saved_level_has_a_twin_as_searched_and_its_metrics_in_the_summary():
+    rounded = compare(keep_models_at=[0.3], width_multiple=4)
+    widths = rounded.summary["widths"]
+    assert widths["multiple"] == 4 and sorted(widths["unrounded"]) == ["test@0.3"]
+    kept = [site.num_neurons for site in ffn_sites(rounded.models[0.3])]
+    assert all(n % 4 == 0 or n == site.original_num_neurons
+               for n, site in zip(kept, ffn_sites(rounded.models[0.3]), strict=True)), kept
+    assert list(rounded.unrounded) == [0.3]
+    assert compare(keep_models_at=[0.3]).unrounded == {}  # a multiple of one has nothing to compare
 
 
 def test_the_comparison_flags_its_rows_and_lists_what_every_pruned_model_keeps(comparison):

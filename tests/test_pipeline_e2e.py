@@ -86,8 +86,13 @@ def test_budgeted_methods_meet_their_flop_budgets_and_reach_the_benchmark_and_re
     assert '"ffn_sites"' in record
     bench = pd.read_csv(reports / "benchmark_budgeted.csv")
     assert sorted(bench.budget_removed.unique()) == [0.0, 0.4]
+    # Rounded to the multiple and as searched without it, side by side in one run, beside unpruned.
+    widths = set(zip(bench.budget_removed, bench.widths, strict=True))
+    assert widths == {(0.0, "full"), (0.4, "rounded"), (0.4, "as searched")}
+    assert (repo / "artifacts" / "tiny" / "pruned" / "budgeted-40-unrounded").is_dir()
     prune = yaml.safe_load((reports / "prune.json").read_text())
     assert prune["budgeted"]["seconds"]["whole_prune@0.4"] > 0
+    assert prune["budgeted"]["widths"]["multiple"] == 4 and "test@0.4" in prune["budgeted"]["widths"]["unrounded"]
     report = (reports / "report.md").read_text()
     assert "Beyond the paper: heads and FFN neurons under a FLOPs budget" in report
     assert "Kwon et al. (2022), reported" in report
@@ -95,6 +100,7 @@ def test_budgeted_methods_meet_their_flop_budgets_and_reach_the_benchmark_and_re
     layers = pd.read_csv(reports / "budgeted_layers.csv")
     kept = layers[(layers.method == "budgeted-tuned") & (layers.budget_removed == 0.4)]
     neurons = kept[kept.unit == "neurons"]
+    assert ((neurons.kept % 4 == 0) | (neurons.kept == neurons["of"])).all()
     assert neurons.kept.sum() == neurons["of"].sum() - budgeted[
         (budgeted.method == "budgeted-tuned") & (budgeted.budget_removed == 0.4)].neurons_pruned.iloc[0]
 

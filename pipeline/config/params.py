@@ -136,6 +136,13 @@ class BudgetedParams(Section):
     tune_examples: int = Field(512, ge=1)  # of the same sample: the least-squares tuning's
     max_examples: int | None = Field(None, ge=10)  # of dev and test per evaluation; null = whole splits
     save_levels: list[float] = Field(default_factory=lambda: [0.4])  # budgeted-tuned models for benchmark
+    # Hardware-aware widths (pipeline/methods/widths.py): the joint methods keep each layer's FFN neurons in blocks
+    # of this many. "auto" measures the multiple on this device with FFNs on width_probe_tokens tokens (the
+    # benchmark's batch sizes times its sequence length); 1 switches rounding off. Above 1, budgeted-tuned at
+    # save_levels is also saved as searched without it, so the benchmark and prune.json show what rounding buys.
+    width_multiple: Literal["auto"] | Annotated[int, Field(ge=1, le=256)] = "auto"
+    width_probe_tokens: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [128, 512, 2048, 8192],
+                                                                   min_length=1)
     latency: LatencyProbeParams = LatencyProbeParams()
     # Of score.split, after the Fisher sample: held-out examples on whose loss budgeted-heads chooses, level by
     # level, the paper's ranking of the heads as ranked or as rearranged, and budgeted-tuned checks its tuning;

@@ -118,9 +118,14 @@ def kv_groups_name(fraction: float) -> str:
     return f"kv-groups-{round(100 * fraction):02d}"
 
 
-def budgeted_name(level: float) -> str:
-    """The folder of the budgeted-tuned model with `level` of its cost removed: 0.4 -> "budgeted-40"."""
-    return f"{BUDGETED_TUNED.removesuffix('-tuned')}-{round(100 * level):02d}"
+# The `widths` of a budgeted-tuned model in benchmark_budgeted.csv (prune.budgeted.width_multiple).
+FULL_WIDTHS, ROUNDED_WIDTHS, SEARCHED_WIDTHS = "full", "rounded", "as searched"
+
+
+def budgeted_name(level: float, unrounded: bool = False) -> str:
+    """The folder of the budgeted-tuned model with `level` of its cost removed: 0.4 -> "budgeted-40"; its twin
+    searched without the neuron multiple (prune.budgeted.width_multiple): "budgeted-40-unrounded"."""
+    return f"{BUDGETED_TUNED.removesuffix('-tuned')}-{round(100 * level):02d}" + ("-unrounded" if unrounded else "")
 
 
 def checkpoint_name(step: int) -> str:
@@ -151,8 +156,10 @@ TABLE_COLUMNS = {
     # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles.
     "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
                       "speedup_q1", "speedup_q3", "ideal_speedup", "device", "precision"],
-    "benchmark_budgeted.csv": ["attn_implementation", "batch_size", "budget_removed", "examples_per_s", "speedup",
-                               "speedup_q1", "speedup_q3", "ideal_speedup", "params", "device", "precision"],
+    # widths: FULL_WIDTHS (unpruned), ROUNDED_WIDTHS (to the measured neuron multiple), SEARCHED_WIDTHS (without).
+    "benchmark_budgeted.csv": ["attn_implementation", "batch_size", "budget_removed", "widths", "examples_per_s",
+                               "speedup", "speedup_q1", "speedup_q3", "ideal_speedup", "params", "device",
+                               "precision"],
     # phase: prefill or decode (pipeline/methods/llm_bench.py); ideals from FLOPs and from KV-cache bytes per token.
     "llm_benchmark.csv": ["model", "batch_size", "phase", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3",
                           "ideal_speedup_flops", "ideal_speedup_kv", "kv_bytes_per_token", "peak_memory_mb", "params",

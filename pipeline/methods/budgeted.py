@@ -265,13 +265,25 @@ def per_layer_normalised(scores: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [t / norm if (norm := t.norm()) > 0 else t for t in scores]
 
 
+def neuron_blocks(neuron_fisher: Sequence[torch.Tensor], multiple: int) -> list[list[list[int]]]:
+    """Per FFN site, its neurons most important first (ties in index order), cut into blocks of `multiple`: the
+    units the search keeps or drops whole, so that every kept width is a multiple of `multiple` or the full width
+    (`pipeline.methods.widths`). Blocks of one are single neurons."""
+    blocks = []
+    for fisher in neuron_fisher:
+        order = sorted(range(len(fisher)), key=lambda n: (-float(fisher[n]), n))
+        blocks.append([order[start:start + multiple] for start in range(0, len(order), multiple)])
+    return blocks
+
+
 def search(head_fisher: Sequence[torch.Tensor], neuron_fisher: Sequence[torch.Tensor], costs: UnitCosts,
-           keep: float, prune_neurons: bool = True) -> Selection:
+           keep: float, prune_neurons: bool = True, neuron_multiple: int = 1) -> Selection:
     """The most important heads and neurons whose cost is at most `keep` times the unpruned model's.
 
     For every number k of heads kept (the k most important), the rest of the budget takes the most important
-    neurons that fit; the k with the largest total importance wins. With `prune_neurons=False` every neuron
-    stays and the heads get what is left. Raises `BudgetError` when no selection fits.
+    neurons that fit; the k with the largest total importance wins. Neurons go in each layer's blocks of
+    `neuron_multiple` (`neuron_blocks`), a block's importance the sum of its neurons'. With `prune_neurons=False`
+    every neuron stays and the heads get what is left. Raises `BudgetError` when no selection fits.
     """
     if not 0 < keep <= 1:
         raise BudgetError(f"the fraction of the cost to keep must be in (0, 1], got {keep}")
@@ -289,7 +301,13 @@ def search(head_fisher: Sequence[torch.Tensor], neuron_fisher: Sequence[torch.Te
                               f"with every head gone the model still costs {floor:.1%}")
         k = int(np.searchsorted(head_cost, room + slack, side="right")) - 1
         return Selection(_group(heads[:k], head_sizes), all_neurons)
-    neurons, neuron_importance, neuron_cost = _ranked(neuron_fisher, costs.neuron)
+    # Blocks in ranked order: a layer's blocks fall in importance, so a sort keeps each layer's in its order.
+    site_blocks = neuron_blocks(neuron_fisher, neuron_multiple)
+    blocks = sorted(((float(neuron_fisher[site][block].sum()), site, index, block)
+                     for site, layer in enumerate(site_blocks) for index, block in enumerate(layer)),
+                    key=lambda item: (-item[0], item[1], item[2]))
+    neuron_importance = np.concatenate([[0.0], np.cumsum([score for score, *_ in blocks])])
+    neuron_cost = np.concatenate([[0.0], np.cumsum([costs.neuron[site] * len(block) for _, site, _, block in blocks])])
     best = None
     for k in range(len(heads) + 1):
         room = budget - head_cost[k]
@@ -303,7 +321,8 @@ def search(head_fisher: Sequence[torch.Tensor], neuron_fisher: Sequence[torch.Te
         raise BudgetError(f"keeping {keep:.0%} of the {costs.unit} is out of reach: the units no pruning "
                           f"removes already cost more")
     _, k, j = best
-    return Selection(_group(heads[:k], head_sizes), _group(neurons[:j], neuron_sizes))
+    kept_neurons = [(site, n) for _, site, _, block in blocks[:j] for n in block]
+    return Selection(_group(heads[:k], head_sizes), _group(kept_neurons, neuron_sizes))
 
 
 def rearrange_site(kept: Sequence[int], gradients: torch.Tensor) -> list[int]:
@@ -579,7 +598,7 @@ def pruned_model(model: nn.Module, selection: Selection) -> nn.Module:
 def budgeted_prune(model: nn.Module, gradients: UnitGradients, costs: UnitCosts, keep: float, method: str,
                    tune_batches: Batches | None = None, first_token_last_layer: bool = False,
                    progress: bool = False, choice: HeadChoice = PAPER_CHOICE, calibration: Batches = (),
-                   head_importance: Sequence[torch.Tensor] | None = None) -> BudgetedPrune:
+                   head_importance: Sequence[torch.Tensor] | None = None, neuron_multiple: int = 1) -> BudgetedPrune:
     """Prune a copy of `model` to `keep` of its cost with one of `BUDGETED_METHODS`:
 
     - `budgeted-heads`: heads only, ranked and rearranged;
@@ -595,7 +614,8 @@ def budgeted_prune(model: nn.Module, gradients: UnitGradients, costs: UnitCosts,
     as searched and as rearranged; one replaces the reference only when it is significantly better. Without
     calibration, and always for the joint methods, Kwon's search on the raw Fisher information, rearranged:
     choosing the joint selection on 256 held-out training examples did worse on the default task at 40-60%.
-    Under grouped-query attention heads go in the units of `choice.unit` (`head_units`).
+    Under grouped-query attention heads go in the units of `choice.unit` (`head_units`). The joint methods keep
+    each layer's neurons in blocks of `neuron_multiple` (`neuron_blocks`; `pipeline.methods.widths` measures it).
     """
     if method not in BUDGETED_METHODS:
         raise ValueError(f"unknown budgeted method {method!r}; choose one of {', '.join(BUDGETED_METHODS)}")
@@ -615,7 +635,8 @@ def budgeted_prune(model: nn.Module, gradients: UnitGradients, costs: UnitCosts,
 
     def candidates(name: str, scores: Sequence[torch.Tensor]) -> list[Candidate]:
         """A ranking's selection at this budget, as searched and as rearranged."""
-        ranked = search(scores, neuron_fisher, unit_costs, keep, prune_neurons=prunes_neurons)
+        ranked = search(scores, neuron_fisher, unit_costs, keep, prune_neurons=prunes_neurons,
+                        neuron_multiple=neuron_multiple)
         return [Candidate(name, heads_of(ranked)),
                 Candidate(f"{name}, rearranged", heads_of(rearrange(ranked, unit_gradients)))]
 
@@ -634,7 +655,8 @@ def budgeted_prune(model: nn.Module, gradients: UnitGradients, costs: UnitCosts,
                                  lambda selection: calibration_losses(pruned_model(model, selection), calibration))
         seconds["rearrange"] = time.perf_counter() - start
     else:
-        ranked = search(head_fisher, neuron_fisher, unit_costs, keep, prune_neurons=prunes_neurons)
+        ranked = search(head_fisher, neuron_fisher, unit_costs, keep, prune_neurons=prunes_neurons,
+                        neuron_multiple=neuron_multiple)
         seconds["search"] = time.perf_counter() - start
         start = time.perf_counter()
         chosen = Candidate("fisher, rearranged", heads_of(rearrange(ranked, unit_gradients)))

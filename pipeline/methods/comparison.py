@@ -5,6 +5,7 @@ The prune stage's budgeted comparison (`budgeted_curve.csv`, `prune.json`'s "bud
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from pipeline.methods.budgeted import (
     latency_table,
 )
 from pipeline.methods.pruning import CurveEvaluator, Plan, pruned_copy
+from pipeline.methods.widths import probe_width_multiple
 
 
 def paper_plan_at_cost(model: nn.Module, order: Sequence[Head], costs: UnitCosts, keep: float,
@@ -68,22 +70,30 @@ class BudgetedCurves:
     tuning_kept: dict[str, bool]  # budgeted-tuned, by level: whether it kept its tuning
     heads_from: dict[str, str]  # budgeted-heads, by level: the candidate its heads came from
     models: dict[float, nn.Module]  # the budgeted-tuned models at `keep_models_at`
+    # With a neuron multiple above 1, budgeted-tuned at `keep_models_at` as searched without it: the models, and
+    # their metric by "split@level", the accuracy rounding costs.
+    unrounded: dict[float, nn.Module] = field(default_factory=dict)
+    unrounded_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def budgeted_curves(
     model: nn.Module, evaluator: CurveEvaluator, gradients: UnitGradients, costs: UnitCosts,
     paper_order: Sequence[Head], levels: Sequence[float], methods: Sequence[str], tune_batches: Batches,
     first_token_last_layer: bool, keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE,
-    calibration: Batches = (), head_importance: Sequence[torch.Tensor] | None = None,
+    calibration: Batches = (), head_importance: Sequence[torch.Tensor] | None = None, neuron_multiple: int = 1,
 ) -> BudgetedCurves:
     """The paper's order and each budgeted method at every level (the fraction of the cost removed). Levels a
-    method cannot reach are left out: pruning heads alone cannot remove the FFNs' share."""
+    method cannot reach are left out: pruning heads alone cannot remove the FFNs' share. The joint methods keep
+    neurons in blocks of `neuron_multiple`; above 1, budgeted-tuned at `keep_models_at` is also pruned without it,
+    to measure what rounding costs."""
     rows: list[dict] = []
     layers: list[dict] = []
     seconds: dict[str, float] = {}
     tuning_kept: dict[str, bool] = {}
     heads_from: dict[str, str] = {}
     models: dict[float, nn.Module] = {}
+    unrounded: dict[float, nn.Module] = {}
+    unrounded_metrics: dict[str, float] = {}
     unpruned = evaluator.evaluate(model)
 
     def add(method: str, level: float, pruned: nn.Module, took: float | None = None) -> None:
@@ -105,10 +115,11 @@ def budgeted_curves(
             if plan is not None:
                 add(method, level, pruned_copy(model, plan))
             continue
+        prune = functools.partial(budgeted_prune, model, gradients, costs, 1 - level, method, tune_batches,
+                                  first_token_last_layer, choice=choice, calibration=calibration,
+                                  head_importance=head_importance)
         try:
-            result = budgeted_prune(model, gradients, costs, 1 - level, method, tune_batches,
-                                    first_token_last_layer, choice=choice, calibration=calibration,
-                                    head_importance=head_importance)
+            result = prune(neuron_multiple=neuron_multiple)
         except BudgetError:
             continue
         took = sum(result.seconds.values())
@@ -117,11 +128,15 @@ def budgeted_curves(
             tuning_kept[f"{level:g}"] = result.tuned
             if level in keep_models_at:
                 models[level] = result.model
+                if neuron_multiple > 1:
+                    unrounded[level] = prune(neuron_multiple=1).model
+                    measured = evaluator.evaluate(unrounded[level])
+                    unrounded_metrics |= {f"{split}@{level:g}": round(measured[split], 4) for split in evaluator.evals}
         if method == BUDGETED_HEADS and calibration:
             heads_from[f"{level:g}"] = result.heads_from
         add(method, level, result.model, took)
     return BudgetedCurves(pd.DataFrame(rows), pd.DataFrame(layers, columns=TABLE_COLUMNS[LAYERS_TABLE]), seconds,
-                          tuning_kept, heads_from, models)
+                          tuning_kept, heads_from, models, unrounded, unrounded_metrics)
 
 
 def flag_collapses(table: pd.DataFrame, metric: str, collapse: float) -> pd.DataFrame:
@@ -166,6 +181,7 @@ class BudgetedComparison:
     summary: dict  # prune.json's "budgeted"
     models: dict[float, nn.Module] = field(default_factory=dict)  # budgeted-tuned models by level removed
     latency_table: list[dict] | None = None  # with a latency budget: the per-layer timings measured
+    unrounded: dict[float, nn.Module] = field(default_factory=dict)  # the same, as searched without a multiple
 
 
 def empty_budgeted_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -179,13 +195,27 @@ def budgeted_comparison(
     budget: str = "flops", latency: LatencyShape | None = None, first_token_last_layer: bool = True,
     keep_models_at: Sequence[float] = (), choice: HeadChoice = PAPER_CHOICE, calibration: Batches = (),
     metric: str = "accuracy", collapse: float = 10.0, head_importance: Sequence[torch.Tensor] | None = None,
+    width_multiple: int | str = 1, width_probe_tokens: Sequence[int] = (),
 ) -> BudgetedComparison:
     """Fisher gradients on `fisher_batches`, unit costs (FLOPs on `probe`, or a latency table measured at
     `latency`), then `budgeted_curves` (budgeted-heads ranking by `head_importance`; given `calibration`,
     budgeted-heads choosing on it and budgeted-tuned checking its tuning on it), the rows that collapsed flagged
     (`flag_collapses`). The summary records where the tuning was kept, which candidate budgeted-heads' heads came
     from, the seconds each part took, Kwon's headline cost (one whole budgeted-tuned prune, from the Fisher pass
-    to the tuned model) and every metric."""
+    to the tuned model) and every metric. `width_multiple` "auto" measures the neuron multiple on this device at
+    `width_probe_tokens` tokens (`probe_width_multiple`); the summary's "widths" holds it, the probe's
+    efficiencies and the metrics budgeted-tuned has without it."""
+    start = time.perf_counter()
+    widths: dict = {}
+    probe_seconds = {}
+    if width_multiple == "auto":
+        parameter = next(model.parameters())
+        probe_result = probe_width_multiple(model.config.hidden_size, ffn_sites(model)[0].num_neurons,
+                                            width_probe_tokens, parameter.device, parameter.dtype)
+        width_multiple = probe_result.multiple
+        widths = {"probe_efficiency": {str(m): e for m, e in probe_result.efficiency.items()}}
+        probe_seconds = {"width_probe": round(time.perf_counter() - start, 2)}
+    widths = {"multiple": width_multiple, **widths}
     start = time.perf_counter()
     gradients = gate_gradients(model, fisher_batches)
     timings = None
@@ -197,9 +227,12 @@ def budgeted_comparison(
         costs = latency_costs(model, timings)
     setup_seconds = time.perf_counter() - start
     curves = budgeted_curves(model, evaluator, gradients, costs, order, levels, methods, tune_batches,
-                             first_token_last_layer, keep_models_at, choice, calibration, head_importance)
+                             first_token_last_layer, keep_models_at, choice, calibration, head_importance,
+                             width_multiple)
     table = flag_collapses(curves.table, metric, collapse)
-    summary: dict = {"budget": budget, "seconds": {"fisher_and_costs": round(setup_seconds, 2), **curves.seconds}}
+    summary: dict = {"budget": budget,
+                     "seconds": {**probe_seconds, "fisher_and_costs": round(setup_seconds, 2), **curves.seconds},
+                     "widths": widths | ({"unrounded": curves.unrounded_metrics} if curves.unrounded_metrics else {})}
     if curves.tuning_kept:
         summary["tuning_kept"] = curves.tuning_kept
     if curves.heads_from:
@@ -210,4 +243,4 @@ def budgeted_comparison(
     for split in evaluator.evals:
         rows = table[table.split == split]
         summary[split] = {f"{r.method}@{r.budget_removed:g}": round(r.metric, 4) for r in rows.itertuples()}
-    return BudgetedComparison(table, curves.layers, summary, curves.models, timings)
+    return BudgetedComparison(table, curves.layers, summary, curves.models, timings, curves.unrounded)

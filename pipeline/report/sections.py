@@ -166,12 +166,13 @@ def _budgeted(doc: Doc, inp: Inputs) -> None:
 
 
 def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
-    """The saved budgeted-tuned models' throughput against unpruned, at every batch size (benchmark_budgeted.csv)."""
+    """The saved budgeted-tuned models' throughput against unpruned, at every batch size (benchmark_budgeted.csv),
+    and where widths were rounded to the measured multiple, what rounding cost in the metric (prune.json)."""
     bench = inp.benchmark_budgeted
     if bench is None or not (bench["budget_removed"] > 0).any():
         return
     rows = bench[bench["budget_removed"] > 0].sort_values(["precision", "attn_implementation", "budget_removed",
-                                                           "batch_size"])
+                                                           "widths", "batch_size"])
     several = len(precisions_in(bench)) > 1
     doc.h(2, f"Speed of the saved `{BUDGETED_TUNED}` models")
     doc.p(f"Measured on {measured_on(bench)}, the models taking turns within each round: the median of the rounds' "
@@ -179,9 +180,21 @@ def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
     doc.table(pd.DataFrame({
         **({"precision": rows["precision"]} if several else {}),
         "attention": rows["attn_implementation"], "removed": rows["budget_removed"].map(pct),
-        "batch": rows["batch_size"], "speedup [IQR]": with_spread(rows),
+        "FFN widths": rows["widths"], "batch": rows["batch_size"], "speedup [IQR]": with_spread(rows),
         "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
         "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2))}))
+    widths = ((inp.prune or {}).get("budgeted") or {}).get("widths") or {}
+    if widths.get("unrounded"):
+        costs = []
+        for key, unrounded in widths["unrounded"].items():
+            split, level = key.split("@")
+            rounded = budgeted_at(inp.budgeted, split, BUDGETED_TUNED, float(level))
+            if rounded is not None:
+                costs.append(f"{split} at {pct(float(level))} removed: {num(rounded)} rounded, {num(unrounded)} as "
+                             f"searched ({signed(rounded - unrounded)})")
+        doc.p(f"FFN widths rounded to multiples of {widths['multiple']} neurons (`prune.budgeted.width_multiple`, "
+              f"measured on this device: the smallest multiple within 3% of the best FLOP-ideal speed). What it costs "
+              f"in {inp.metric_name}: " + "; ".join(costs) + ".")
 
 
 def _importance(doc: Doc, inp: Inputs) -> None:

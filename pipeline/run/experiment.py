@@ -165,9 +165,10 @@ class Experiment:
     def pruned_dir(self, fraction: float) -> Path:
         return self.pruned_root / pruned_name(fraction)
 
-    def budgeted_dir(self, level: float) -> Path:
-        """The budgeted-tuned model with `level` of its cost removed."""
-        return self.pruned_root / budgeted_name(level)
+    def budgeted_dir(self, level: float, unrounded: bool = False) -> Path:
+        """The budgeted-tuned model with `level` of its cost removed (`unrounded`: searched without the neuron
+        multiple)."""
+        return self.pruned_root / budgeted_name(level, unrounded)
 
     def kv_groups_dir(self, fraction: float) -> Path:
         """The serving-shape model: `fraction` of every layer's key/value groups removed (prune.kv_group_fractions)."""
