@@ -139,6 +139,10 @@ def checkpoint_step(name: str) -> int | None:
     return int(name.removeprefix(prefix)) if name.startswith(prefix) and name[len(prefix):].isdigit() else None
 
 
+# The benchmark columns (and benchmark.json keys) that are wall-clock measurements, so no two runs agree on them.
+BENCHMARK_TIMINGS = frozenset({"examples_per_s", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3"})
+
+
 # --- the tables an experiment writes (reports/<experiment>/): the columns every reader relies on ------
 LAYERS_TABLE = "budgeted_layers.csv"
 TABLE_COLUMNS = {
