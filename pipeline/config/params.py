@@ -137,10 +137,11 @@ class BudgetedParams(Section):
     max_examples: int | None = Field(None, ge=10)  # of dev and test per evaluation; null = whole splits
     save_levels: list[float] = Field(default_factory=lambda: [0.4])  # budgeted-tuned models for benchmark
     # Hardware-aware widths (pipeline/methods/widths.py): the joint methods keep each layer's FFN neurons in blocks
-    # of this many. "auto" measures the multiple on this device with FFNs on width_probe_tokens tokens (the
-    # benchmark's batch sizes times its sequence length); 1 switches rounding off. Above 1, budgeted-tuned at
+    # of this many; 1 (off) by default. "auto" measures the multiple on this device with FFNs on
+    # width_probe_tokens tokens (the benchmark's batch sizes times its sequence length), which ties the pruned
+    # widths to the machine's timings; an integer keeps them reproducible anywhere. Above 1, budgeted-tuned at
     # save_levels is also saved as searched without it, so the benchmark and prune.json show what rounding buys.
-    width_multiple: Literal["auto"] | Annotated[int, Field(ge=1, le=256)] = "auto"
+    width_multiple: Literal["auto"] | Annotated[int, Field(ge=1, le=256)] = 1
     width_probe_tokens: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [128, 512, 2048, 8192],
                                                                    min_length=1)
     latency: LatencyProbeParams = LatencyProbeParams()
