@@ -3,10 +3,11 @@ each layer's FFN neurons in whole blocks of the measured multiple, within the sa
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pipeline.methods.budgeted import UnitCosts, neuron_blocks, search
-from pipeline.methods.widths import CANDIDATES, probe_width_multiple, smallest_near_best
+from pipeline.methods.widths import CANDIDATES, main, probe_width_multiple, smallest_near_best
 
 
 def costs(heads: list[int], neurons: list[int]) -> UnitCosts:
@@ -59,3 +60,19 @@ def test_the_probe_measures_every_candidate_on_this_device_and_picks_one_of_them
     probe = probe_width_multiple(hidden=16, full=64, token_counts=[8, 32], widths=4, rounds=2)
     assert list(probe.efficiency) == list(CANDIDATES) and all(e > 0 for e in probe.efficiency.values())
     assert probe.multiple == smallest_near_best(probe.efficiency)
+
+
+def test_the_probe_command_prints_each_candidate_and_the_integer_to_pin(capsys):
+    main(["--device", "cpu", "--tokens", "16", "--rounds", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[1].rstrip(":") for line in out[1:-1]] == [str(m) for m in CANDIDATES]
+    pinned = int(out[-1].removeprefix("prune.budgeted.width_multiple: "))
+    assert pinned in CANDIDATES and sum("<- chosen" in line for line in out) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_the_probe_command_refuses_a_gpu_this_machine_lacks_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--device", "cuda", "--tokens", "16"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and "--device: 'cuda' but this machine has no CUDA GPU" in err
