@@ -146,7 +146,9 @@ def _budgeted(doc: Doc, inp: Inputs) -> None:
     doc.h(2, f"{inp.metric_name} on {split}" + (f" ({examples} examples)" if examples else ""))
     doc.table(pd.DataFrame(table))
     if collapsed:
-        doc.p("Collapsed (⚠): " + "; ".join(f"`{m}` at {pct(lv)}" for m, lv in sorted(collapsed, key=lambda c: c[1]))
+        # By level, then in the table's column order: `collapsed` is a set, whose order varies from run to run.
+        in_order = sorted(collapsed, key=lambda c: (c[1], methods.index(c[0])))
+        doc.p("Collapsed (⚠): " + "; ".join(f"`{m}` at {pct(lv)}" for m, lv in in_order)
               + ". Each lost more than `prune.budgeted.collapse` against the level before or against "
               "unpruned: do not ship a model from such a level without checking it.")
     doc.ul(budgeted_sentences(inp, split))
