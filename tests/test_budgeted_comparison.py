@@ -129,16 +129,18 @@ def test_the_summary_records_per_level_where_budgeted_heads_came_from_and_whethe
     assert all(isinstance(kept, bool) for kept in summary["tuning_kept"].values())
 
 
-def test_the_report_marks_collapsed_rows_and_draws_the_per_layer_view(tmp_path: Path, comparison):
+def test_the_report_marks_collapsed_rows_lists_them_in_column_order_and_draws_the_per_layer_view(
+        tmp_path: Path, comparison):
     (tmp_path / "finetune.json").write_text(json.dumps({"metric": "accuracy", "dev": 60.0, "test": 60.0,
                                                         "model": "tiny", "data": "tiny"}))
     table = comparison.table.copy()
     table.loc[(table.method == BUDGETED) & (table.budget_removed == 0.3), ["metric", "collapsed"]] = [5.0, True]
+    table.loc[(table.method == BUDGETED_TUNED) & (table.budget_removed == 0.3), "collapsed"] = True
     table.to_csv(tmp_path / "budgeted_curve.csv", index=False)
     comparison.layers.to_csv(tmp_path / LAYERS_TABLE, index=False)
     build_report(tmp_path, "tiny")
     md = (tmp_path / "report.md").read_text()
     assert "| 5.0 ⚠ |" in md.replace("5.00 ⚠", "5.0 ⚠")
-    assert "Collapsed (⚠): `budgeted` at 30%" in md
+    assert "Collapsed (⚠): `budgeted` at 30%; `budgeted-tuned` at 30%." in md  # by level, then column order
     assert "(figures/budgeted_layers.png)" in md
     assert (tmp_path / "figures" / "budgeted_layers.png").stat().st_size > 1000
