@@ -22,7 +22,7 @@ PROJECT_PACKAGES = ("pipeline", "stages")
 
 # Bottom to top: a sub-package may import the ones before it, never one after it.
 LAYERS = ("files", "config", "core", "tasks", "training", "mt", "lm", "backends", "methods", "run", "report", "flows",
-          "checks")
+          "checks", "studies")
 
 
 def module_file(module: str) -> Path | None:
