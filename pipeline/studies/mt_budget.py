@@ -23,25 +23,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from transformers import MarianConfig
 
-matplotlib.use("Agg")  # headless; must precede the pyplot import
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from transformers import MarianConfig  # noqa: E402
-
-from pipeline.files.atomic import write_bytes, write_csv  # noqa: E402
-from pipeline.mt.bleu import bleu  # noqa: E402
-from pipeline.mt.marian import new_marian  # noqa: E402
-from pipeline.mt.training import TranslationTrainConfig, train_translation  # noqa: E402
-from pipeline.run.experiment import Experiment, log  # noqa: E402
+from pipeline.files.atomic import write_bytes, write_csv
+from pipeline.mt.bleu import bleu
+from pipeline.mt.marian import new_marian
+from pipeline.mt.training import TranslationTrainConfig, train_translation
+from pipeline.report.figures import _png  # headless matplotlib, byte-identical PNGs for identical rows
+from pipeline.run.experiment import Experiment, log
 
 OUT = Path("reports") / "studies" / "mt-budget"
 STEP_SECONDS = "step_seconds.csv"
@@ -190,10 +186,7 @@ def figure(table: pd.DataFrame) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return _png(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
