@@ -1,0 +1,109 @@
+"""How much of a forward pass does not shrink with FLOPs, and the bound that puts on a pruned model's speedup.
+
+A pruned model's speedup falls short of its FLOP ratio for two reasons: the work pruning leaves alone (embeddings,
+LayerNorms, residual adds, the attention mask, the classifier head, each call's fixed overhead), and kernels that
+run narrower matrices less efficiently. This study separates the two. It times, in interleaved rounds, the unpruned
+model, the pruned one and a floor model: the unpruned one with a single head and a single FFN neuron left in every
+layer, whose time is nearly all fixed work. If the rest of the time shrank exactly with the FLOPs, the pruned model
+would take
+
+    T_floor + (T_full - T_floor) * (F_pruned - F_floor) / (F_full - F_floor)
+
+which gives the Amdahl bound on its speedup, printed beside the measured one. Random full-length inputs, as
+`pipeline.methods.bench` uses:
+
+    python -m pipeline.studies.fixed_cost --params params.yaml --level 0.4     # the budgeted-tuned 40% model
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from pipeline.core.flops import forward_flops
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.files.atomic import write_csv
+from pipeline.methods.bench import interleaved_times, random_inputs, speedup_ratio
+from pipeline.run.experiment import Experiment
+
+OUT = Path("reports/studies/fixed-cost")
+
+
+def floor_model(model: nn.Module) -> nn.Module:
+    """A copy of `model` with only the first of its present heads in every attention site and the first of its
+    present neurons in every FFN: what is left to time is the work that pruning does not shrink."""
+    floor = copy.deepcopy(model)
+    prune_heads(floor, {i: s.kept_heads[1:] for i, s in enumerate(attention_sites(floor))})
+    prune_neurons(floor, {i: s.kept_neurons[1:] for i, s in enumerate(ffn_sites(floor))})
+    return floor.eval()
+
+
+def amdahl_bound(t_full: float, t_floor: float, f_full: float, f_pruned: float, f_floor: float) -> float:
+    """The speedup of a model of `f_pruned` FLOPs if all but the floor's time shrank exactly with the FLOPs."""
+    scalable = (t_full - t_floor) * (f_pruned - f_floor) / (f_full - f_floor)
+    return t_full / (t_floor + scalable)
+
+
+def fixed_cost_rows(full: nn.Module, pruned: nn.Module, batch_sizes: Sequence[int], seq_len: int,
+                    rounds: int) -> list[dict]:
+    """One row per batch size: the three models' median seconds, the floor's share of the full model's time, and
+    the pruned model's measured speedup (median of the rounds' ratios) beside its FLOP ideal and Amdahl bound."""
+    floor = floor_model(full)
+    models = {"full": full, "pruned": pruned, "floor": floor}
+    rows = []
+    for batch_size in batch_sizes:
+        inputs = random_inputs(full, batch_size, seq_len)
+        flops = {name: forward_flops(m, {k: v[:1] for k, v in inputs.items()}) for name, m in models.items()}
+        with torch.inference_mode():
+            seconds = interleaved_times({name: (lambda m=m, x=inputs: m(**x)) for name, m in models.items()}, rounds)
+        median = {name: statistics.median(s) for name, s in seconds.items()}
+        ratio = speedup_ratio(seconds["full"], seconds["pruned"])
+        ideal = flops["full"] / flops["pruned"]
+        bound = amdahl_bound(median["full"], median["floor"], flops["full"], flops["pruned"], flops["floor"])
+        rows.append(dict(
+            batch_size=batch_size, seq_len=seq_len, rounds=rounds,
+            full_ms=1e3 * median["full"], pruned_ms=1e3 * median["pruned"], floor_ms=1e3 * median["floor"],
+            floor_share=median["floor"] / median["full"], speedup=ratio.median, speedup_q1=ratio.q1,
+            speedup_q3=ratio.q3, ideal_speedup=ideal, amdahl_bound=bound, speedup_of_ideal=ratio.median / ideal,
+            bound_of_ideal=bound / ideal,
+        ))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.studies.fixed_cost", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--level", type=float, default=0.4,
+                        help="the saved budgeted-tuned level to time (prune.budgeted.save_levels)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", help="default: benchmark.batch_sizes")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds after a warm-up, each model once a round")
+    args = parser.parse_args(argv)
+    exp = Experiment.from_params_file(args.params)
+    directory = exp.budgeted_dir(args.level)
+    if not directory.is_dir():
+        raise SystemExit(f"error: --level {args.level:g}: no saved budgeted-tuned model at {directory}; saved levels "
+                         f"come from prune.budgeted.save_levels {exp.params.prune.budgeted.save_levels} "
+                         f"(run `dvc repro prune` first)")
+    b = exp.params.benchmark
+    rows = fixed_cost_rows(exp.load(exp.finetuned_dir).eval(), exp.load(directory).eval(),
+                           args.batch_sizes or b.batch_sizes, b.seq_len, args.rounds)
+    table = pd.DataFrame(rows).assign(experiment=exp.params.experiment, level=args.level)
+    path = OUT / f"{exp.params.experiment}.csv"
+    write_csv(path, table)
+    columns = ["batch_size", "full_ms", "floor_share", "speedup", "speedup_q1", "speedup_q3", "ideal_speedup",
+               "speedup_of_ideal", "amdahl_bound", "bound_of_ideal"]
+    print(table[columns].round(3).to_string(index=False))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
