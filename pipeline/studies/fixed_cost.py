@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-import torch
 from torch import nn
 
-from pipeline.core.flops import forward_flops
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.atomic import write_csv
-from pipeline.methods.bench import interleaved_times, random_inputs, speedup_ratio
+from pipeline.methods.bench import measure_throughput, random_inputs
 from pipeline.run.experiment import Experiment
 
 OUT = Path("reports/studies/fixed-cost")
@@ -54,26 +51,25 @@ def amdahl_bound(t_full: float, t_floor: float, f_full: float, f_pruned: float, 
 
 def fixed_cost_rows(full: nn.Module, pruned: nn.Module, batch_sizes: Sequence[int], seq_len: int,
                     rounds: int) -> list[dict]:
-    """One row per batch size: the three models' median seconds, the floor's share of the full model's time, and
-    the pruned model's measured speedup (median of the rounds' ratios) beside its FLOP ideal and Amdahl bound."""
-    floor = floor_model(full)
-    models = {"full": full, "pruned": pruned, "floor": floor}
+    """One row per batch size: the three models' median milliseconds (`measure_throughput`, the benchmark's own
+    interleaved rounds), the floor's share of the full model's time, and the pruned model's measured speedup beside
+    its FLOP ideal and Amdahl bound."""
+    models = {"full": full, "pruned": pruned, "floor": floor_model(full)}
     rows = []
     for batch_size in batch_sizes:
         inputs = random_inputs(full, batch_size, seq_len)
-        flops = {name: forward_flops(m, {k: v[:1] for k, v in inputs.items()}) for name, m in models.items()}
-        with torch.inference_mode():
-            seconds = interleaved_times({name: (lambda m=m, x=inputs: m(**x)) for name, m in models.items()}, rounds)
-        median = {name: statistics.median(s) for name, s in seconds.items()}
-        ratio = speedup_ratio(seconds["full"], seconds["pruned"])
-        ideal = flops["full"] / flops["pruned"]
-        bound = amdahl_bound(median["full"], median["floor"], flops["full"], flops["pruned"], flops["floor"])
+        measured = {r["fraction_pruned"]: r for r in measure_throughput(models, inputs, rounds)}
+        ms = {name: 1e3 * batch_size / r["examples_per_s"] for name, r in measured.items()}
+        # FLOPs as fractions of the full model's: the inverse of each one's ideal speedup.
+        flops = {name: 1 / r["ideal_speedup"] for name, r in measured.items()}
+        r = measured["pruned"]
+        bound = amdahl_bound(ms["full"], ms["floor"], flops["full"], flops["pruned"], flops["floor"])
         rows.append(dict(
-            batch_size=batch_size, seq_len=seq_len, rounds=rounds,
-            full_ms=1e3 * median["full"], pruned_ms=1e3 * median["pruned"], floor_ms=1e3 * median["floor"],
-            floor_share=median["floor"] / median["full"], speedup=ratio.median, speedup_q1=ratio.q1,
-            speedup_q3=ratio.q3, ideal_speedup=ideal, amdahl_bound=bound, speedup_of_ideal=ratio.median / ideal,
-            bound_of_ideal=bound / ideal,
+            batch_size=batch_size, seq_len=seq_len, rounds=rounds, full_ms=ms["full"], pruned_ms=ms["pruned"],
+            floor_ms=ms["floor"], floor_share=ms["floor"] / ms["full"], speedup=r["speedup"],
+            speedup_q1=r["speedup_q1"], speedup_q3=r["speedup_q3"], ideal_speedup=r["ideal_speedup"],
+            amdahl_bound=bound, speedup_of_ideal=r["speedup"] / r["ideal_speedup"],
+            bound_of_ideal=bound / r["ideal_speedup"],
         ))
     return rows
 
