@@ -56,11 +56,8 @@ def runtimes(exp: Experiment) -> list[Runtime]:
 def throughput(exp: Experiment, models: dict, runtime: Runtime) -> list[dict]:
     b = exp.params.benchmark
     encoded = classification_inputs(exp)
-    rows = []
-    for batch_size in b.batch_sizes:
-        rows += measure_throughput(models, {k: v[:batch_size, : b.seq_len] for k, v in encoded.items()}, b.repeats,
-                                   runtime)
-    return rows
+    batches = [{k: v[:batch_size, : b.seq_len] for k, v in encoded.items()} for batch_size in b.batch_sizes]
+    return measure_throughput(models, batches, b.repeats, runtime)
 
 
 def classification(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame:
@@ -79,11 +76,8 @@ def classification(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFr
 
 def translation(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame:
     b = exp.params.benchmark
-    rows = []
-    for batch_size in b.batch_sizes:
-        rows += measure_generation(models, exp.generation_inputs(batch_size), b.new_tokens, b.repeats,
-                                   runtime=runtime)
-    return pd.DataFrame(rows)
+    batches = [exp.generation_inputs(batch_size) for batch_size in b.batch_sizes]
+    return pd.DataFrame(measure_generation(models, batches, b.new_tokens, b.repeats, runtime=runtime))
 
 
 def language_model(exp: Experiment, runtime: Runtime) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from pipeline.methods.bench import (
     random_encoder,
     random_inputs,
     speedup_ratio,
+    spread_times,
 )
 
 
@@ -19,6 +20,17 @@ def test_interleaved_times_warm_each_up_then_take_turns_starting_one_later_each_
     seconds = interleaved_times({key: (lambda key=key: calls.append(key)) for key in "abc"}, rounds=4)
     assert calls == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
     assert {key: len(s) for key, s in seconds.items()} == {"a": 4, "b": 4, "c": 4}
+
+
+def test_spread_times_give_every_group_a_turn_each_round_so_its_rounds_span_the_whole_run():
+    calls = []
+    groups = {g: {key: (lambda g=g, key=key: calls.append(g + key)) for key in "ab"} for g in "XY"}
+    seconds = spread_times(groups, rounds=3)
+    warm_up = ["Xa", "Xb", "Ya", "Yb"]
+    # Round 0: X then Y, each model in turn; round 1 starts one later in both; round 2 as round 0.
+    assert calls == warm_up + ["Xa", "Xb", "Ya", "Yb"] + ["Yb", "Ya", "Xb", "Xa"] + ["Xa", "Xb", "Ya", "Yb"]
+    assert {g: {key: len(s) for key, s in times.items()} for g, times in seconds.items()} == {
+        "X": {"a": 3, "b": 3}, "Y": {"a": 3, "b": 3}}
 
 
 def test_a_speedup_pairs_the_calls_of_each_round_so_drift_across_rounds_cancels():
@@ -40,8 +52,10 @@ def test_the_interquartile_range_brackets_the_median_of_the_rounds_ratios():
 
 def test_throughput_rows_carry_the_median_speedup_and_its_spread_with_the_reference_at_exactly_one():
     models = {f: random_encoder("tiny", "sdpa") for f in (0.0, 0.5)}
-    rows = measure_throughput(models, random_inputs(models[0.0], 2, 8), repeats=7)
-    reference, other = rows
-    assert (reference["speedup"], reference["speedup_q1"], reference["speedup_q3"]) == (1.0, 1.0, 1.0)
-    assert other["speedup_q1"] <= other["speedup"] <= other["speedup_q3"]
-    assert [r["fraction_pruned"] for r in rows] == [0.0, 0.5] and all(r["examples_per_s"] > 0 for r in rows)
+    batches = [random_inputs(models[0.0], batch_size, 8) for batch_size in (2, 3)]
+    rows = measure_throughput(models, batches, repeats=7)
+    assert [(r["batch_size"], r["fraction_pruned"]) for r in rows] == [(2, 0.0), (2, 0.5), (3, 0.0), (3, 0.5)]
+    for reference, other in (rows[:2], rows[2:]):
+        assert (reference["speedup"], reference["speedup_q1"], reference["speedup_q3"]) == (1.0, 1.0, 1.0)
+        assert other["speedup_q1"] <= other["speedup"] <= other["speedup_q3"]
+    assert all(r["examples_per_s"] > 0 for r in rows)

@@ -50,7 +50,7 @@ def test_the_gpu_check_refuses_in_one_line_without_a_gpu():
 
 def test_every_benchmark_row_names_its_device_and_precision():
     model = random_encoder("tiny", "sdpa")
-    rows = measure_throughput({0.0: model}, random_inputs(model, 2, 8), repeats=1,
+    rows = measure_throughput({0.0: model}, [random_inputs(model, 2, 8)], repeats=1,
                               runtime=resolve_runtime("cpu", "bf16"))
     assert rows[0]["device"] == "cpu" and rows[0]["precision"] == "bf16"
 

@@ -4,11 +4,11 @@
     python -m pipeline.methods.bench --shapes minilm-l6 --batch-sizes 1 16 --repeats 7 --csv bench.csv
 
 Random weights are enough for speed. The models of one shape and batch size take turns, one call each per
-round, for `--repeats` rounds after a warm-up (`interleaved_times`); a speedup is the median of the rounds'
-ratios to the unpruned model's call in the same round, with its interquartile range (`speedup_q1`,
-`speedup_q3`), so a reader can tell a real difference from the machine's noise. The scoring-cost line
-compares one importance pass (forward + backward to the gates) over a data set with a forward pass over the
-same data.
+round, for `--repeats` rounds after a warm-up, and the batch sizes take turns too, so each one's rounds span the
+whole measurement (`spread_times`). A speedup is the median of the rounds' ratios to the unpruned model's call
+in the same round, with its interquartile range (`speedup_q1`, `speedup_q3`), so a reader can tell a real
+difference from the machine's noise. The scoring-cost line compares one importance pass (forward + backward to
+the gates) over a data set with a forward pass over the same data.
 """
 
 from __future__ import annotations
@@ -40,31 +40,51 @@ SHAPES = {
 }
 
 
-def interleaved_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
-                      runtime: Runtime = CPU_FP32) -> dict[Hashable, list[float]]:
-    """The seconds of each of `fns`, once per round for `rounds` rounds, under the runtime's autocast, after one
-    warm-up call of each. Every round calls each in turn, starting one later each round (A B C, B C A, ...): load
-    from elsewhere on a shared machine comes and goes over seconds, so within a round it falls on all of them
-    alike, and no one of them always runs first after another's caches.
+def spread_times(groups: Mapping[Hashable, Mapping[Hashable, Callable[[], object]]], rounds: int,
+                 runtime: Runtime = CPU_FP32) -> dict[Hashable, dict[Hashable, list[float]]]:
+    """The seconds of each function of each group, once per round for `rounds` rounds, under the runtime's
+    autocast, after one warm-up call of each. A group is what one ratio compares (the models, at one batch size).
+    Every round gives each group a turn, and in its turn each of the group's functions is called once; both the
+    groups and the functions within a turn start one later each round (A B C, B C A, ...).
+
+    So the two calls a ratio pairs are a moment apart, and load from elsewhere on a shared machine, which comes and
+    goes over seconds, falls on both alike; and no function always runs first after another's caches. And each
+    group's rounds are spread over the whole measurement, not bunched into the few seconds that its own calls
+    take: their spread then holds the drift of the machine over the run's minutes, which is what a second run of
+    the same measurement meets.
 
     CUDA runs asynchronously: the device is synchronised before each timer starts and before it stops, so a
     call is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
     """
     # A caller that passes no runtime (the budgeted latency table) may still time CUDA models: synchronise then too.
     sync = runtime.synchronize if runtime.is_cuda or not torch.cuda.is_initialized() else torch.cuda.synchronize
-    keys = list(fns)
-    times: dict[Hashable, list[float]] = {key: [] for key in keys}
+    names = list(groups)
+    times = {name: {key: [] for key in groups[name]} for name in names}
     with runtime.autocast():
-        for fn in fns.values():
-            fn()  # warm-up: allocator, kernel selection (cuBLAS and cuDNN heuristics on a GPU)
+        for fns in groups.values():
+            for fn in fns.values():
+                fn()  # warm-up: allocator, kernel selection (oneDNN primitives per shape; cuBLAS heuristics)
         for round_ in range(rounds):
-            for key in keys[round_ % len(keys):] + keys[:round_ % len(keys)]:
-                sync()
-                start = time.perf_counter()
-                fns[key]()
-                sync()
-                times[key].append(time.perf_counter() - start)
+            for name in _turns(names, round_):
+                fns = groups[name]
+                for key in _turns(list(fns), round_):
+                    sync()
+                    start = time.perf_counter()
+                    fns[key]()
+                    sync()
+                    times[name][key].append(time.perf_counter() - start)
     return times
+
+
+def _turns(keys: list, round_: int) -> list:
+    """`keys` in turn, starting one later each round."""
+    return keys[round_ % len(keys):] + keys[:round_ % len(keys)]
+
+
+def interleaved_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
+                      runtime: Runtime = CPU_FP32) -> dict[Hashable, list[float]]:
+    """`spread_times` of one group: the seconds of each of `fns`, once per round, taking turns."""
+    return spread_times({None: fns}, rounds, runtime)[None]
 
 
 def median_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
@@ -168,68 +188,78 @@ def random_inputs(model: nn.Module, batch_size: int, seq_len: int, seed: int = 0
 
 
 def measure_throughput(
-    models: Mapping[float, nn.Module], inputs: Mapping[str, torch.Tensor], repeats: int,
+    models: Mapping[float, nn.Module], batches: Sequence[Mapping[str, torch.Tensor]], repeats: int,
     runtime: Runtime = CPU_FP32,
 ) -> list[dict]:
-    """Examples/s of each model (keyed by fraction pruned; the first is the reference) on one batch, the models
-    taking turns for `repeats` rounds (`interleaved_times`), with the measured speedup over the reference (the
-    median of the rounds' ratios, and their interquartile range: `ratio_columns`) beside the ideal (FLOP-count)
-    one. The models must be on the
-    runtime's device; every one is timed at the runtime's precision, so a speedup compares models at the same
-    precision, batch and attention implementation."""
+    """Examples/s of each model (keyed by fraction pruned; the first is the reference) on each of `batches`, with
+    the measured speedup over the reference (the median of the rounds' ratios, and their interquartile range:
+    `ratio_columns`) beside the ideal (FLOP-count) one: one row per batch and model. Each batch's models take turns
+    for `repeats` rounds, the batches taking turns too, so every batch's rounds span the whole measurement
+    (`spread_times`). The models must be on the runtime's device; every one is timed at the runtime's precision,
+    so a speedup compares models at the same precision, batch and attention implementation."""
     fractions = list(models)
-    inputs = on_device(inputs, runtime)
-    probe = {k: v[:1] for k, v in inputs.items()}
-    flops = {f: forward_flops(m, probe) for f, m in models.items()}
-    batch_size = next(iter(inputs.values())).shape[0]
+    batches = [on_device(inputs, runtime) for inputs in batches]
+    ideals = []
+    for inputs in batches:
+        flops = {f: forward_flops(m, {k: v[:1] for k, v in inputs.items()}) for f, m in models.items()}
+        ideals.append({f: flops[fractions[0]] / flops[f] for f in fractions})
     with torch.inference_mode():
-        seconds = interleaved_times({f: (lambda model=model: model(**inputs)) for f, model in models.items()},
-                                    repeats, runtime)
-    reference = seconds[fractions[0]]
-    return [dict(
-        attn_implementation=model.config._attn_implementation, batch_size=batch_size, fraction_pruned=fraction,
-        examples_per_s=batch_size / statistics.median(seconds[fraction]),
-        **ratio_columns(speedup_ratio(reference, seconds[fraction])),
-        ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
-        **runtime_columns(runtime),
-    ) for fraction, model in models.items()]
+        seconds = spread_times({i: {f: (lambda model=model, inputs=inputs: model(**inputs))
+                                    for f, model in models.items()} for i, inputs in enumerate(batches)},
+                               repeats, runtime)
+    rows = []
+    for i, inputs in enumerate(batches):
+        batch_size, reference = next(iter(inputs.values())).shape[0], seconds[i][fractions[0]]
+        rows += [dict(
+            attn_implementation=model.config._attn_implementation, batch_size=batch_size, fraction_pruned=fraction,
+            examples_per_s=batch_size / statistics.median(seconds[i][fraction]),
+            **ratio_columns(speedup_ratio(reference, seconds[i][fraction])),
+            ideal_speedup=ideals[i][fraction], params=parameter_count(model), **runtime_columns(runtime),
+        ) for fraction, model in models.items()]
+    return rows
 
 
 def measure_generation(
-    models: Mapping[float, nn.Module], inputs: Mapping[str, torch.Tensor], new_tokens: int, repeats: int,
-    num_beams: int = 1, runtime: Runtime = CPU_FP32,
+    models: Mapping[float, nn.Module], batches: Sequence[Mapping[str, torch.Tensor]], new_tokens: int,
+    repeats: int, num_beams: int = 1, runtime: Runtime = CPU_FP32,
 ) -> list[dict]:
-    """Decoding speed of each encoder-decoder (keyed by fraction pruned; the first is the reference):
-    sentences/s (examples_per_s) and generated tokens/s, beside the ideal speedup from the FLOPs of
-    encoding the batch and scoring a target of `new_tokens` tokens.
+    """Decoding speed of each encoder-decoder (keyed by fraction pruned; the first is the reference) on each of
+    `batches` of source sentences: sentences/s (examples_per_s) and generated tokens/s, beside the ideal speedup
+    from the FLOPs of encoding the batch and scoring a target of `new_tokens` tokens. The rounds are spread over
+    the measurement as `measure_throughput`'s.
 
     Every model generates exactly `new_tokens` tokens per sentence (no early stop at </s>), so pruned and
     unpruned models do the same number of decoder steps whatever they translate.
     """
     fractions = list(models)
-    inputs = on_device(inputs, runtime)
-    batch_size = inputs["input_ids"].shape[0]
+    batches = [on_device(inputs, runtime) for inputs in batches]
 
-    def probe(model: nn.Module) -> dict[str, torch.Tensor]:
+    def probe(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         start = torch.full((1, new_tokens), model.config.decoder_start_token_id, device=runtime.device)
         return {k: v[:1] for k, v in inputs.items()} | {"decoder_input_ids": start}
 
-    flops = {f: forward_flops(m, probe(m)) for f, m in models.items()}
+    def generate(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> Callable[[], object]:
+        return lambda: model.generate(**inputs, num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens,
+                                      max_new_tokens=new_tokens)
+
+    ideals = []
+    for inputs in batches:
+        flops = {f: forward_flops(m, probe(m, inputs)) for f, m in models.items()}
+        ideals.append({f: flops[fractions[0]] / flops[f] for f in fractions})
     with torch.inference_mode():
-        seconds = interleaved_times({f: (lambda model=model: model.generate(
-            **inputs, num_beams=num_beams, do_sample=False, min_new_tokens=new_tokens,
-            max_new_tokens=new_tokens)) for f, model in models.items()}, repeats, runtime)
-    reference = seconds[fractions[0]]
+        seconds = spread_times({i: {f: generate(model, inputs) for f, model in models.items()}
+                                for i, inputs in enumerate(batches)}, repeats, runtime)
     rows = []
-    for fraction, model in models.items():
-        rate = batch_size / statistics.median(seconds[fraction])
-        rows.append(dict(
-            attn_implementation=model.config._attn_implementation, batch_size=batch_size,
-            fraction_pruned=fraction, examples_per_s=rate, tokens_per_s=rate * new_tokens,
-            **ratio_columns(speedup_ratio(reference, seconds[fraction])),
-            ideal_speedup=flops[fractions[0]] / flops[fraction], params=parameter_count(model),
-            **runtime_columns(runtime),
-        ))
+    for i, inputs in enumerate(batches):
+        batch_size, reference = inputs["input_ids"].shape[0], seconds[i][fractions[0]]
+        for fraction, model in models.items():
+            rate = batch_size / statistics.median(seconds[i][fraction])
+            rows.append(dict(
+                attn_implementation=model.config._attn_implementation, batch_size=batch_size,
+                fraction_pruned=fraction, examples_per_s=rate, tokens_per_s=rate * new_tokens,
+                **ratio_columns(speedup_ratio(reference, seconds[i][fraction])),
+                ideal_speedup=ideals[i][fraction], params=parameter_count(model), **runtime_columns(runtime),
+            ))
     return rows
 
 
@@ -248,14 +278,14 @@ def throughput_table(
                 model = random_encoder(shape, impl)
                 models[fraction] = prune_heads(model, evenly_spread_plan(model, fraction)).to(runtimes[0].device)
             for runtime in runtimes:
-                for batch_size in batch_sizes:
-                    inputs = random_inputs(models[fractions[0]], batch_size, seq_len)
-                    for row in measure_throughput(models, inputs, repeats, runtime):
-                        if memory:
-                            row |= forward_memory_mb(models[row["fraction_pruned"]], inputs, runtime)
-                            row["peak_memory_mb"] = row["weights_mb"] + row["activations_mb"]
-                        rows.append({"shape": shape, **row})
-                        print(_row_line(rows[-1]), flush=True)
+                batches = {b: random_inputs(models[fractions[0]], b, seq_len) for b in batch_sizes}
+                for row in measure_throughput(models, list(batches.values()), repeats, runtime):
+                    if memory:
+                        inputs = batches[row["batch_size"]]
+                        row |= forward_memory_mb(models[row["fraction_pruned"]], inputs, runtime)
+                        row["peak_memory_mb"] = row["weights_mb"] + row["activations_mb"]
+                    rows.append({"shape": shape, **row})
+                    print(_row_line(rows[-1]), flush=True)
             del models
             if runtimes[0].is_cuda:
                 torch.cuda.empty_cache()

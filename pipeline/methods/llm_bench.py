@@ -3,9 +3,10 @@
     python -m pipeline.methods.llm_bench                  # a small random Llama, unpruned vs half its KV groups
     python -m pipeline.methods.llm_bench --batch-sizes 1 8 32 --new-tokens 32 --repeats 5 --csv llm_bench.csv
 
-Two phases, timed apart, each for `repeats` rounds after a warm-up, the models taking turns within each round
-(`pipeline.methods.bench.interleaved_times`); a speedup is the median of the rounds' ratios, with its
-interquartile range (`speedup_q1`, `speedup_q3`):
+Two phases, each timed on its own for `repeats` rounds after a warm-up: the models take turns within each
+round, and the phases and batch sizes take turns too, so each one's rounds span the whole run
+(`pipeline.methods.bench.spread_times`). A speedup is the median of the rounds' ratios, with its interquartile
+range (`speedup_q1`, `speedup_q3`):
 - prefill: one forward pass over a prompt batch that builds the KV cache (and the last position's logits, as
   `generate` computes them), in prompt tokens/s;
 - decode: `new_tokens` greedy steps, each one token per sequence reading and extending that cache, in generated
@@ -34,13 +35,13 @@ from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.methods.bench import (
-    interleaved_times,
     on_device,
     peak_allocated_mib,
     random_inputs,
     ratio_columns,
     runtime_columns,
     speedup_ratio,
+    spread_times,
     weights_mib,
 )
 
@@ -156,30 +157,34 @@ def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], p
     flops = {label: {PREFILL: prefill_flops(model, probe),
                      DECODE: decode_step_flops(model, prompt_tokens + new_tokens // 2)}
              for label, model in models.items()}
+    prompts = {b: on_device(random_inputs(models[reference], b, prompt_tokens), runtime) for b in batch_sizes}
+    runs = {b: {label: phase_runs(model, prompts[b], new_tokens, runtime) for label, model in models.items()}
+            for b in batch_sizes}
+    phase_fns = {PREFILL: lambda r: r.prefill, DECODE: lambda r: r.decode}
+    with torch.inference_mode():  # one group per batch size and phase, their rounds spread over the whole run
+        seconds = spread_times({(b, phase): {label: fn(r) for label, r in runs[b].items()}
+                                for b in batch_sizes for phase, fn in phase_fns.items()}, repeats, runtime)
     rows = []
     for batch_size in batch_sizes:
-        prompt = on_device(random_inputs(models[reference], batch_size, prompt_tokens), runtime)
-        runs = {label: phase_runs(model, prompt, new_tokens, runtime) for label, model in models.items()}
-        with torch.inference_mode():
-            seconds = {PREFILL: interleaved_times({label: r.prefill for label, r in runs.items()}, repeats, runtime),
-                       DECODE: interleaved_times({label: r.decode for label, r in runs.items()}, repeats, runtime)}
         tokens = {PREFILL: batch_size * prompt_tokens, DECODE: batch_size * new_tokens}
-        kv_per_token = {label: r.prompt_cache_bytes / (batch_size * prompt_tokens) for label, r in runs.items()}
+        kv_per_token = {label: r.prompt_cache_bytes / (batch_size * prompt_tokens)
+                        for label, r in runs[batch_size].items()}
         for label, model in models.items():
-            run = runs[label]
+            run = runs[batch_size][label]
             with torch.inference_mode():
                 # Allocated from nothing but the weights and inputs: the prefill alone, and a whole generation
                 # (its prefill, then the decode that grows and copies the cache), so no cache predates the count.
                 peak = {PREFILL: peak_allocated_mib(run.prefill, runtime),
                         DECODE: peak_allocated_mib(run.generate, runtime)}
             for phase in (PREFILL, DECODE):
+                timed = seconds[batch_size, phase]
                 rows.append({
                     MODEL: label, BATCH_SIZE: batch_size, PHASE: phase, PROMPT_TOKENS: prompt_tokens,
                     NEW_TOKENS: new_tokens if phase == DECODE else 0,
-                    TOKENS_PER_S: tokens[phase] / statistics.median(seconds[phase][label]),
+                    TOKENS_PER_S: tokens[phase] / statistics.median(timed[label]),
                     KV_BYTES_PER_TOKEN: kv_per_token[label],
                     PEAK_MEMORY_MB: weights_mib(model) + peak[phase],
-                    **ratio_columns(speedup_ratio(seconds[phase][reference], seconds[phase][label]), SPEEDUP),
+                    **ratio_columns(speedup_ratio(timed[reference], timed[label]), SPEEDUP),
                     IDEAL_SPEEDUP_FLOPS: flops[reference][phase] / flops[label][phase],
                     IDEAL_SPEEDUP_KV: kv_per_token[reference] / kv_per_token[label],
                     PARAMS: parameter_count(model), **runtime_columns(runtime),

@@ -55,10 +55,10 @@ def fixed_cost_rows(full: nn.Module, pruned: nn.Module, batch_sizes: Sequence[in
     interleaved rounds), the floor's share of the full model's time, and the pruned model's measured speedup beside
     its FLOP ideal and Amdahl bound."""
     models = {"full": full, "pruned": pruned, "floor": floor_model(full)}
+    table = measure_throughput(models, [random_inputs(full, b, seq_len) for b in batch_sizes], rounds)
     rows = []
     for batch_size in batch_sizes:
-        inputs = random_inputs(full, batch_size, seq_len)
-        measured = {r["fraction_pruned"]: r for r in measure_throughput(models, inputs, rounds)}
+        measured = {r["fraction_pruned"]: r for r in table if r["batch_size"] == batch_size}
         ms = {name: 1e3 * batch_size / r["examples_per_s"] for name, r in measured.items()}
         # FLOPs as fractions of the full model's: the inverse of each one's ideal speedup.
         flops = {name: 1 / r["ideal_speedup"] for name, r in measured.items()}
