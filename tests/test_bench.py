@@ -55,7 +55,8 @@ def test_throughput_rows_carry_the_median_speedup_and_its_spread_with_the_refere
     batches = [random_inputs(models[0.0], batch_size, 8) for batch_size in (2, 3)]
     rows = measure_throughput(models, batches, repeats=7)
     assert [(r["batch_size"], r["fraction_pruned"]) for r in rows] == [(2, 0.0), (2, 0.5), (3, 0.0), (3, 0.5)]
-    for reference, other in (rows[:2], rows[2:]):
+    # Each batch's ratios pair its own reference's calls: against itself, every round's ratio is exactly one.
+    for reference in (rows[0], rows[2]):
         assert (reference["speedup"], reference["speedup_q1"], reference["speedup_q3"]) == (1.0, 1.0, 1.0)
-        assert other["speedup_q1"] <= other["speedup"] <= other["speedup_q3"]
-    assert all(r["examples_per_s"] > 0 for r in rows)
+    # The two models are the same shape, so each batch's FLOP ideal is exactly one.
+    assert all(r["examples_per_s"] > 0 and r["ideal_speedup"] == 1.0 for r in rows)
