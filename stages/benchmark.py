@@ -28,7 +28,7 @@ import pandas as pd
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import FULL_WIDTHS, ROUNDED_WIDTHS, SEARCHED_WIDTHS, TABLE_COLUMNS
-from pipeline.methods.bench import forward_memory_mb, measure_generation, measure_throughput
+from pipeline.methods.bench import SPEEDUP_SPREAD, forward_memory_mb, measure_generation, measure_throughput
 from pipeline.methods.llm_bench import DECODE, llm_benchmark
 from pipeline.run.experiment import Experiment, log
 
@@ -120,7 +120,8 @@ def budgeted_models(exp: Experiment, levels: list[float]) -> dict[tuple[float, s
 
 def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: int) -> dict:
     """Table 4's numbers at the largest batch, for `dvc metrics`: each model's median speedup, its interquartile
-    range and its ideal (FLOPs). A budgeted level with rounded widths names its twin as searched "-unrounded"."""
+    range and range, and its ideal (FLOPs). A budgeted level with rounded widths names its twin as searched
+    "-unrounded"."""
     summary: dict = {}
     twins = set(budgeted.loc[budgeted.widths == ROUNDED_WIDTHS, "budget_removed"])
     for name, frame, column in (("pruned", table, "fraction_pruned"), ("budgeted", budgeted, "budget_removed")):
@@ -131,8 +132,8 @@ def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: i
             twin = name == "budgeted" and r.widths == SEARCHED_WIDTHS and level in twins
             model = f"{name}@{level:g}" + ("-unrounded" if twin else "")
             summary.setdefault(f"{impl}@batch{batch_size}", {})[model] = {
-                "speedup": round(float(r.speedup), 4), "speedup_q1": round(float(r.speedup_q1), 4),
-                "speedup_q3": round(float(r.speedup_q3), 4), "ideal_speedup": round(float(r.ideal_speedup), 4)}
+                **{key: round(float(getattr(r, key)), 4) for key in SPEEDUP_SPREAD},
+                "ideal_speedup": round(float(r.ideal_speedup), 4)}
     return summary
 
 
@@ -168,8 +169,8 @@ def main() -> None:
         budgeted = pd.DataFrame(rows)
         for r in budgeted[budgeted.batch_size == max(b.batch_sizes)].itertuples():
             log.info("benchmark: budgeted-tuned, %.0f%% of the cost removed (%s widths), batch %d, %s, %s %s: "
-                     "speedup %.3f [%.3f, %.3f] (ideal %.3f)", 100 * r.budget_removed, r.widths, r.batch_size,
-                     r.attn_implementation, r.device, r.precision, r.speedup, r.speedup_q1, r.speedup_q3,
+                     "speedup %.3f [range %.3f, %.3f] (ideal %.3f)", 100 * r.budget_removed, r.widths, r.batch_size,
+                     r.attn_implementation, r.device, r.precision, r.speedup, r.speedup_min, r.speedup_max,
                      r.ideal_speedup)
     write_csv(exp.reports / "benchmark_budgeted.csv", budgeted)
     largest = max(b.batch_sizes)

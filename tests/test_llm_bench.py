@@ -89,8 +89,8 @@ def test_the_table_has_one_row_per_model_batch_size_and_phase_with_the_ideals_be
     table = llm_benchmark(models, batch_sizes=[1, 3], prompt_tokens=6, new_tokens=4, repeats=2)
     assert list(table.columns) == [
         "model", "batch_size", "phase", "prompt_tokens", "new_tokens", "tokens_per_s", "kv_bytes_per_token",
-        "peak_memory_mb", "speedup", "speedup_q1", "speedup_q3", "ideal_speedup_flops", "ideal_speedup_kv", "params",
-        "device", "precision"]
+        "peak_memory_mb", "speedup", "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup_flops",
+        "ideal_speedup_kv", "params", "device", "precision"]
     assert list(zip(table["model"], table["batch_size"], table["phase"], strict=True)) == [
         (model, batch, phase) for batch in (1, 3) for model in models for phase in (PREFILL, DECODE)]
     # Every decode (warm-up, timed repeats, the generation measured for memory) starts from the prompt's cache and

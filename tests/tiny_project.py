@@ -27,7 +27,8 @@ MT_COLUMNS = {
     "pruning_curve.csv": ["method", "split", "fraction_pruned", "heads_pruned", "metric", "fraction_flops_removed",
                           "examples", "metric_std"],
     "benchmark.csv": ["attn_implementation", "batch_size", "fraction_pruned", "examples_per_s", "tokens_per_s",
-                      "speedup", "speedup_q1", "speedup_q3", "ideal_speedup", "params", "device", "precision"],
+                      "speedup", "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "params",
+                      "device", "precision"],
 }
 
 

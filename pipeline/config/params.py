@@ -211,7 +211,8 @@ class BenchmarkParams(Section):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1)
     seq_len: int = Field(128, ge=1)
     # Rounds after a warm-up, every model called once a round (pipeline/methods/bench.py): a speedup is the median
-    # of the rounds' ratios, with its interquartile range. On two shared cores, 3 rounds moved a ratio by 0.3.
+    # of the rounds' ratios, with its interquartile range and its range (a confidence interval for the median: 98% at
+    # 7 rounds). On two shared cores, 3 rounds moved a ratio by 0.3.
     repeats: int = Field(7, ge=1)
     attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
     # Each model is timed at each of these (autocast for bf16/fp16), beside runtime.precision's own run.

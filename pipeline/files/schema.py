@@ -140,7 +140,8 @@ def checkpoint_step(name: str) -> int | None:
 
 
 # The benchmark columns (and benchmark.json keys) that are wall-clock measurements, so no two runs agree on them.
-BENCHMARK_TIMINGS = frozenset({"examples_per_s", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3"})
+BENCHMARK_TIMINGS = frozenset({"examples_per_s", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3", "speedup_min",
+                               "speedup_max"})
 
 
 # --- the tables an experiment writes (reports/<experiment>/): the columns every reader relies on ------
@@ -157,15 +158,16 @@ TABLE_COLUMNS = {
     LAYERS_TABLE: ["method", "budget_removed", "unit", "kind", "layer", "kept", "of"],
     "recovery.csv": ["fraction_pruned", "metric_before", "metric_after"],
     # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
-    # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles.
+    # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles;
+    # speedup_min, speedup_max: its range, the confidence interval for the median (pipeline/methods/bench.py).
     "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
-                      "speedup_q1", "speedup_q3", "ideal_speedup", "device", "precision"],
+                      "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "device", "precision"],
     # widths: FULL_WIDTHS (unpruned), ROUNDED_WIDTHS (to the measured neuron multiple), SEARCHED_WIDTHS (without).
     "benchmark_budgeted.csv": ["attn_implementation", "batch_size", "budget_removed", "widths", "examples_per_s",
-                               "speedup", "speedup_q1", "speedup_q3", "ideal_speedup", "params", "device",
-                               "precision"],
+                               "speedup", "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup",
+                               "params", "device", "precision"],
     # phase: prefill or decode (pipeline/methods/llm_bench.py); ideals from FLOPs and from KV-cache bytes per token.
     "llm_benchmark.csv": ["model", "batch_size", "phase", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3",
-                          "ideal_speedup_flops", "ideal_speedup_kv", "kv_bytes_per_token", "peak_memory_mb", "params",
-                          "device", "precision"],
+                          "speedup_min", "speedup_max", "ideal_speedup_flops", "ideal_speedup_kv", "kv_bytes_per_token",
+                          "peak_memory_mb", "params", "device", "precision"],
 }

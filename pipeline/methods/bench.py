@@ -6,8 +6,10 @@
 Random weights are enough for speed. The models of one shape and batch size take turns, one call each per
 round, for `--repeats` rounds after a warm-up, and the batch sizes take turns too, so each one's rounds span the
 whole measurement (`spread_times`). A speedup is the median of the rounds' ratios to the unpruned model's call
-in the same round, with its interquartile range (`speedup_q1`, `speedup_q3`), so a reader can tell a real
-difference from the machine's noise. The scoring-cost line compares one importance pass (forward + backward to
+in the same round, with its interquartile range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`,
+`speedup_max`). The range of n rounds is a distribution-free confidence interval for the median ratio (it misses
+the median with probability 2 / 2**n: 98% at 7 rounds), so two runs whose ranges do not overlap differ by more
+than the machine's noise. The scoring-cost line compares one importance pass (forward + backward to
 the gates) over a data set with a forward pass over the same data.
 """
 
@@ -95,24 +97,33 @@ def median_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
 
 @dataclass(frozen=True)
 class Ratio:
-    """A speedup measured round by round: the median of the rounds' ratios and their interquartile range."""
+    """A speedup measured round by round: the median of the rounds' ratios, their interquartile range (how the
+    rounds spread) and their range (the confidence interval for the median that two runs are compared by)."""
 
     median: float
     q1: float
     q3: float
+    min: float
+    max: float
 
 
 def speedup_ratio(reference: Sequence[float], seconds: Sequence[float]) -> Ratio:
     """How many times faster than `reference` a model ran, from the two's seconds in the same rounds: each
     round's ratio pairs two calls made a moment apart, so drift between rounds cancels out of it."""
     ratios = np.asarray(reference, dtype=float) / np.asarray(seconds, dtype=float)
-    q1, median, q3 = np.quantile(ratios, [0.25, 0.5, 0.75])
-    return Ratio(float(median), float(q1), float(q3))
+    low, q1, median, q3, high = np.quantile(ratios, [0.0, 0.25, 0.5, 0.75, 1.0])
+    return Ratio(float(median), float(q1), float(q3), float(low), float(high))
+
+
+# The speedup columns `ratio_columns` writes, in order.
+SPEEDUP_SPREAD = ("speedup", "speedup_q1", "speedup_q3", "speedup_min", "speedup_max")
 
 
 def ratio_columns(ratio: Ratio, prefix: str = "speedup") -> dict[str, float]:
-    """The speedup columns of a benchmark row: the median ratio, and its interquartile range over the rounds."""
-    return {prefix: ratio.median, f"{prefix}_q1": ratio.q1, f"{prefix}_q3": ratio.q3}
+    """The speedup columns of a benchmark row: the median ratio, its interquartile range and its range over the
+    rounds."""
+    return {prefix: ratio.median, f"{prefix}_q1": ratio.q1, f"{prefix}_q3": ratio.q3,
+            f"{prefix}_min": ratio.min, f"{prefix}_max": ratio.max}
 
 
 def on_device(inputs: Mapping[str, torch.Tensor], runtime: Runtime) -> dict[str, torch.Tensor]:
@@ -192,11 +203,11 @@ def measure_throughput(
     runtime: Runtime = CPU_FP32,
 ) -> list[dict]:
     """Examples/s of each model (keyed by fraction pruned; the first is the reference) on each of `batches`, with
-    the measured speedup over the reference (the median of the rounds' ratios, and their interquartile range:
-    `ratio_columns`) beside the ideal (FLOP-count) one: one row per batch and model. Each batch's models take turns
-    for `repeats` rounds, the batches taking turns too, so every batch's rounds span the whole measurement
-    (`spread_times`). The models must be on the runtime's device; every one is timed at the runtime's precision,
-    so a speedup compares models at the same precision, batch and attention implementation."""
+    the measured speedup over the reference (the median of the rounds' ratios, their interquartile range and
+    their range: `ratio_columns`) beside the ideal (FLOP-count) one: one row per batch and model. Each batch's
+    models take turns for `repeats` rounds, the batches taking turns too, so every batch's rounds span the whole
+    measurement (`spread_times`). The models must be on the runtime's device; every one is timed at the runtime's
+    precision, so a speedup compares models at the same precision, batch and attention implementation."""
     fractions = list(models)
     batches = [on_device(inputs, runtime) for inputs in batches]
     ideals = []
@@ -295,7 +306,7 @@ def throughput_table(
 def _row_line(row: dict) -> str:
     return (f"{row['shape']:>9} {row['precision']} {row['attn_implementation']:>5} batch {row['batch_size']:>3} "
             f"pruned {row['fraction_pruned']:.0%}: {row['examples_per_s']:8.1f} ex/s  "
-            f"speedup {row['speedup']:.3f} [{row['speedup_q1']:.3f}, {row['speedup_q3']:.3f}] "
+            f"speedup {row['speedup']:.3f} [{row['speedup_min']:.3f}, {row['speedup_max']:.3f}] "
             f"(ideal {row['ideal_speedup']:.3f})")
 
 
@@ -337,13 +348,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, seq_len {args.seq_len}, "
-          f"median of {args.repeats} interleaved rounds [interquartile range]", flush=True)
+          f"median of {args.repeats} interleaved rounds [range]", flush=True)
 
     table = throughput_table(args.shapes, fractions, args.batch_sizes, args.attn, args.seq_len, args.repeats)
     if args.csv:
         table.to_csv(args.csv, index=False)
     pivot = table.pivot_table(index=["shape", "attn_implementation", "batch_size"], columns="fraction_pruned",
-                              values=["examples_per_s", "speedup", "speedup_q1", "speedup_q3", "ideal_speedup"])
+                              values=["examples_per_s", "speedup", "speedup_min", "speedup_max", "ideal_speedup"])
     print("\n" + pivot.round(3).to_string())
 
     cost = scoring_cost(args.shapes[-1], batch_size=16, batches=4, seq_len=args.seq_len, repeats=args.repeats)

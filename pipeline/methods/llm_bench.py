@@ -6,7 +6,7 @@
 Two phases, each timed on its own for `repeats` rounds after a warm-up: the models take turns within each
 round, and the phases and batch sizes take turns too, so each one's rounds span the whole run
 (`pipeline.methods.bench.spread_times`). A speedup is the median of the rounds' ratios, with its interquartile
-range (`speedup_q1`, `speedup_q3`):
+range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`, `pipeline.methods.bench.Ratio`):
 - prefill: one forward pass over a prompt batch that builds the KV cache (and the last position's logits, as
   `generate` computes them), in prompt tokens/s;
 - decode: `new_tokens` greedy steps, each one token per sequence reading and extending that cache, in generated
@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         table.to_csv(args.csv, index=False)
     table["of_ideal_flops"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_FLOPS]
     table["of_ideal_kv"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_KV]
-    shown = [MODEL, PHASE, BATCH_SIZE, TOKENS_PER_S, SPEEDUP, f"{SPEEDUP}_q1", f"{SPEEDUP}_q3", IDEAL_SPEEDUP_FLOPS,
+    shown = [MODEL, PHASE, BATCH_SIZE, TOKENS_PER_S, SPEEDUP, f"{SPEEDUP}_min", f"{SPEEDUP}_max", IDEAL_SPEEDUP_FLOPS,
              "of_ideal_flops", IDEAL_SPEEDUP_KV, "of_ideal_kv", KV_BYTES_PER_TOKEN, PEAK_MEMORY_MB]
     print(table.sort_values([PHASE, BATCH_SIZE], kind="stable")[shown].round(3).to_string(index=False))
 

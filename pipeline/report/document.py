@@ -138,10 +138,16 @@ def signed(x: float, digits: int = 1) -> str:
     return f"{x:+.{digits}f}"
 
 
+# What the brackets of `with_spread` hold, for the tables' headers and the prose around them.
+SPREAD_HEADER = "speedup [range]"
+SPREAD_IN_BRACKETS = "the range of the rounds' ratios in brackets (a confidence interval for the median)"
+
+
 def with_spread(frame: pd.DataFrame, column: str = "speedup", digits: int = 2) -> pd.Series:
-    """Each row's median ratio with its interquartile range over the benchmark's rounds, "1.23 [1.20, 1.26]"."""
+    """Each row's median ratio with its range over the benchmark's rounds (the confidence interval for the median
+    that two runs are compared by, pipeline/methods/bench.py), "1.23 [1.18, 1.29]"."""
     return pd.Series([f"{num(m, digits)} [{num(lo, digits)}, {num(hi, digits)}]" for m, lo, hi in
-                      zip(frame[column], frame[f"{column}_q1"], frame[f"{column}_q3"], strict=True)],
+                      zip(frame[column], frame[f"{column}_min"], frame[f"{column}_max"], strict=True)],
                      index=frame.index)
 
 

@@ -217,8 +217,8 @@ def speedup(bench: pd.DataFrame) -> bytes:
             rows = rows.sort_values("fraction_pruned")
             x = 100 * rows["fraction_pruned"]
             ax.plot(x, rows["speedup"], "o-", color=f"C{i}", label=f"batch {bs}")
-            ax.errorbar(x, rows["speedup"], yerr=[rows["speedup"] - rows["speedup_q1"],  # the rounds' quartiles
-                                                  rows["speedup_q3"] - rows["speedup"]],
+            ax.errorbar(x, rows["speedup"], yerr=[rows["speedup"] - rows["speedup_min"],  # the rounds' range
+                                                  rows["speedup_max"] - rows["speedup"]],
                         fmt="none", ecolor=f"C{i}", capsize=3, lw=1)
         ideal = part.groupby("fraction_pruned")["ideal_speedup"]
         if (ideal.max() - ideal.min()).max() < 1e-6:  # same for every batch size: draw it once

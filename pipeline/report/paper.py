@@ -25,7 +25,7 @@ from pipeline.files.schema import (
     within_tolerance,
 )
 from pipeline.methods.pruning import prunable_fraction
-from pipeline.report.document import num, pct, plural, signed
+from pipeline.report.document import SPREAD_HEADER, num, pct, plural, signed
 from pipeline.report.inputs import (
     CROSS,
     DEV,
@@ -290,8 +290,8 @@ def table4(bench: pd.DataFrame) -> tuple[float, pd.DataFrame] | None:
                 "batch": int(r.batch_size),
                 "unpruned ex/s": num(full["examples_per_s"].mean()) if not full.empty else "",
                 "pruned ex/s": num(r.examples_per_s),
-                "speedup [IQR]": f"{signed(100 * (r.speedup - 1))}% "
-                                 f"[{signed(100 * (r.speedup_q1 - 1))}, {signed(100 * (r.speedup_q3 - 1))}]",
+                SPREAD_HEADER: f"{signed(100 * (r.speedup - 1))}% "
+                               f"[{signed(100 * (r.speedup_min - 1))}, {signed(100 * (r.speedup_max - 1))}]",
                 "ideal": f"{signed(100 * (r.ideal_speedup - 1))}%",
                 "paper ex/s": f"{paper[0]} -> {paper[1]}" if paper else "",
                 "paper speedup": f"{signed(paper[2])}%" if paper else "",

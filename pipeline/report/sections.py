@@ -23,7 +23,7 @@ from pipeline.files.schema import (
     improvement,
 )
 from pipeline.report import figures
-from pipeline.report.document import Doc, num, pct, signed, with_spread
+from pipeline.report.document import SPREAD_HEADER, SPREAD_IN_BRACKETS, Doc, num, pct, signed, with_spread
 from pipeline.report.inputs import (
     KIND_METHODS,
     TEST,
@@ -178,11 +178,11 @@ def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
     several = len(precisions_in(bench)) > 1
     doc.h(2, f"Speed of the saved `{BUDGETED_TUNED}` models")
     doc.p(f"Measured on {measured_on(bench)}, the models taking turns within each round: the median of the rounds' "
-          "throughput ratios to unpruned, with the interquartile range in brackets, beside the ideal from FLOPs.")
+          f"throughput ratios to unpruned, with {SPREAD_IN_BRACKETS}, beside the ideal from FLOPs.")
     doc.table(pd.DataFrame({
         **({"precision": rows["precision"]} if several else {}),
         "attention": rows["attn_implementation"], "removed": rows["budget_removed"].map(pct),
-        "FFN widths": rows["widths"], "batch": rows["batch_size"], "speedup [IQR]": with_spread(rows),
+        "FFN widths": rows["widths"], "batch": rows["batch_size"], SPREAD_HEADER: with_spread(rows),
         "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
         "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2))}))
     widths = ((inp.prune or {}).get("budgeted") or {}).get("widths") or {}
@@ -330,8 +330,8 @@ def _speed(doc: Doc, inp: Inputs) -> None:
     several = len(order) > 1
     doc.p(f"Measured on {measured_on(bench)} (device, precision). A speedup compares a pruned model with the "
           f"unpruned one at the same precision, batch size and attention implementation: the models take turns, "
-          f"one call each per round, and the speedup is the median of the rounds' ratios, with their interquartile "
-          f"range in brackets (the error bars). The ideal speedup is the ratio of their forward-pass FLOPs.")
+          f"one call each per round, and the speedup is the median of the rounds' ratios, with {SPREAD_IN_BRACKETS} "
+          f"and as the error bars. The ideal speedup is the ratio of their forward-pass FLOPs.")
     doc.figure("speedup.png", figures.speedup(bench),
                "Throughput speedup of the physically pruned model; dashed: ideal speedup.")
 
@@ -345,7 +345,7 @@ def _speed(doc: Doc, inp: Inputs) -> None:
             "attention": rows["attn_implementation"], "batch": rows["batch_size"],
             "heads pruned": rows["fraction_pruned"].map(pct), "sentences/s": rows["examples_per_s"].map(num),
             "tokens/s": rows["tokens_per_s"].map(lambda v: num(v, 0)),
-            "speedup [IQR]": with_spread(rows),
+            SPREAD_HEADER: with_spread(rows),
             "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2))}))
     table = None if "tokens_per_s" in bench else table4(bench)
     if table is not None:
@@ -390,13 +390,13 @@ def _serving(doc: Doc, inp: Inputs) -> None:
         "model": first["model"], "KV bytes/token": first["kv_bytes_per_token"].map(lambda v: num(v, 0)),
         "saving": (1 - 1 / first["ideal_speedup_kv"]).map(pct), "parameters": first["params"].map(lambda v: f"{v:,}")}))
     doc.p(f"Measured on {measured_on(bench)}. Speedups compare each model with the unpruned one in the same run "
-          f"(the median of the rounds' ratios, the models taking turns within each round, with the interquartile "
-          f"range in brackets); the ideals are the ratio of FLOPs (of the prefill, or "
+          f"(the median of the rounds' ratios, the models taking turns within each round, with "
+          f"{SPREAD_IN_BRACKETS}); the ideals are the ratio of FLOPs (of the prefill, or "
           f"of one decode step at the mean context) and of KV bytes per token.")
     doc.table(pd.DataFrame({
         "model": bench["model"], "phase": bench["phase"], "batch": bench["batch_size"],
         "tokens/s": bench["tokens_per_s"].map(lambda v: num(v, 0)),
-        "speedup [IQR]": with_spread(bench),
+        SPREAD_HEADER: with_spread(bench),
         "ideal (FLOPs)": bench["ideal_speedup_flops"].map(lambda v: num(v, 2)),
         "of ideal (FLOPs)": (bench["speedup"] / bench["ideal_speedup_flops"]).map(lambda v: num(v, 2)),
         "ideal (KV bytes)": bench["ideal_speedup_kv"].map(lambda v: num(v, 2)),
