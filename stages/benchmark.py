@@ -1,7 +1,8 @@
 """Stage benchmark: the paper's Table 4 on this experiment's physically pruned models: examples/s
 at each batch size beside the ideal FLOP speedup, parameters and peak memory. The budgeted-tuned models
 (heads and FFN neurons pruned, prune.budgeted.save_levels) are measured the same way against the
-unpruned model, in a table of their own.
+unpruned model, in a table of their own, with a floor model (one head and one FFN neuron a layer) timed in the
+same rounds: the work no pruning removes, and so the bound on any pruned model's speedup at its FLOPs.
 
 Translation: decoding speed (sentences/s and tokens/s) of the unpruned and pruned models.
 
@@ -24,11 +25,18 @@ if __name__ == "__main__":  # the params in a second or two, before the imports 
     preflight("benchmark")
 
 import pandas as pd
+import torch
 
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import FULL_WIDTHS, ROUNDED_WIDTHS, SEARCHED_WIDTHS, TABLE_COLUMNS
-from pipeline.methods.bench import SPEEDUP_SPREAD, forward_memory_mb, measure_generation, measure_throughput
+from pipeline.methods.bench import (
+    SPEEDUP_SPREAD,
+    floor_model,
+    forward_memory_mb,
+    measure_generation,
+    measure_throughput,
+)
 from pipeline.methods.llm_bench import DECODE, llm_benchmark
 from pipeline.run.experiment import Experiment, log
 
@@ -53,11 +61,11 @@ def runtimes(exp: Experiment) -> list[Runtime]:
         raise SystemExit(f"error: benchmark.precisions: {error}") from None
 
 
-def throughput(exp: Experiment, models: dict, runtime: Runtime) -> list[dict]:
+def throughput(exp: Experiment, models: dict, runtime: Runtime, floor: torch.nn.Module | None = None) -> list[dict]:
     b = exp.params.benchmark
     encoded = classification_inputs(exp)
     batches = [{k: v[:batch_size, : b.seq_len] for k, v in encoded.items()} for batch_size in b.batch_sizes]
-    return measure_throughput(models, batches, b.repeats, runtime)
+    return measure_throughput(models, batches, b.repeats, runtime, b.turn_seconds, floor)
 
 
 def classification(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame:
@@ -77,7 +85,8 @@ def classification(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFr
 def translation(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame:
     b = exp.params.benchmark
     batches = [exp.generation_inputs(batch_size) for batch_size in b.batch_sizes]
-    return pd.DataFrame(measure_generation(models, batches, b.new_tokens, b.repeats, runtime=runtime))
+    return pd.DataFrame(measure_generation(models, batches, b.new_tokens, b.repeats, runtime=runtime,
+                                           turn_seconds=b.turn_seconds))
 
 
 def language_model(exp: Experiment, runtime: Runtime) -> pd.DataFrame:
@@ -85,7 +94,7 @@ def language_model(exp: Experiment, runtime: Runtime) -> pd.DataFrame:
     models = {"unpruned": exp.load(exp.finetuned_dir),
               **{f"{f:.0%} of heads ({pp.unit})": exp.load(exp.pruned_dir(f)) for f in pp.save_fractions},
               **{f"{f:.0%} of KV groups": exp.load(exp.kv_groups_dir(f)) for f in pp.kv_group_fractions}}
-    return llm_benchmark(models, b.batch_sizes, b.prompt_tokens, b.new_tokens, b.repeats, runtime)
+    return llm_benchmark(models, b.batch_sizes, b.prompt_tokens, b.new_tokens, b.repeats, runtime, b.turn_seconds)
 
 
 def language_model_stage(exp: Experiment) -> None:
@@ -162,16 +171,19 @@ def main() -> None:
             models = budgeted_models(exp, levels)
             for model in models.values():
                 model.set_attn_implementation(impl)
+            # Timed beside them: the work no pruning removes, and so the most speed any pruning to a model's FLOPs
+            # could give here (bound_speedup).
+            floor = floor_model(models[0.0, FULL_WIDTHS])
             for runtime in each:
-                rows += throughput(exp, models, runtime)
+                rows += throughput(exp, models, runtime, floor)
         for row in rows:  # the models' keys: (level removed, widths)
             row["budget_removed"], row["widths"] = row.pop("fraction_pruned")
         budgeted = pd.DataFrame(rows)
         for r in budgeted[budgeted.batch_size == max(b.batch_sizes)].itertuples():
             log.info("benchmark: budgeted-tuned, %.0f%% of the cost removed (%s widths), batch %d, %s, %s %s: "
-                     "speedup %.3f [range %.3f, %.3f] (ideal %.3f)", 100 * r.budget_removed, r.widths, r.batch_size,
-                     r.attn_implementation, r.device, r.precision, r.speedup, r.speedup_min, r.speedup_max,
-                     r.ideal_speedup)
+                     "speedup %.3f [range %.3f, %.3f] (ideal %.3f, bound %.3f)", 100 * r.budget_removed, r.widths,
+                     r.batch_size, r.attn_implementation, r.device, r.precision, r.speedup, r.speedup_min,
+                     r.speedup_max, r.ideal_speedup, r.bound_speedup)
     write_csv(exp.reports / "benchmark_budgeted.csv", budgeted)
     largest = max(b.batch_sizes)
     write_json(exp.reports / "benchmark.json", headline_speedups(table, budgeted, largest))

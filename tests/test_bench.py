@@ -1,12 +1,23 @@
 """The benchmark's timer (pipeline/methods/bench.py): models take turns within each round, and a speedup is the
-median of the rounds' paired ratios, with its interquartile range."""
+median of the rounds' paired ratios, with its interquartile range; a floor model bounds what pruning can give."""
 
 from __future__ import annotations
 
-import pytest
+import copy
 
+import pytest
+import torch
+
+from pipeline.core.flops import forward_flops
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads
+from pipeline.methods import bench
 from pipeline.methods.bench import (
+    MAX_CALLS_PER_TURN,
     SPEEDUP_SPREAD,
+    amdahl_bound,
+    calls_per_turn,
+    floor_model,
     interleaved_times,
     measure_throughput,
     random_encoder,
@@ -33,6 +44,54 @@ def test_spread_times_give_every_group_a_turn_each_round_so_its_rounds_span_the_
     assert calls == warm_up + ["Xa", "Xb", "Ya", "Yb"] + ["Yb", "Ya", "Xb", "Xa"] + ["Xa", "Xb", "Ya", "Yb"]
     assert {g: {key: len(s) for key, s in times.items()} for g, times in seconds.items()} == {
         "X": {"a": 3, "b": 3}, "Y": {"a": 3, "b": 3}}
+
+
+class FakeClock:
+    """perf_counter for functions that take a set time: calling one advances the clock by its seconds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def taking(self, seconds: float, calls: list, name: str):
+        def fn() -> None:
+            calls.append(name)
+            self.now += seconds
+        return fn
+
+
+def test_a_turn_calls_cheap_functions_alternately_until_the_turn_is_filled_and_keeps_their_median(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+    fns = {"a": clock.taking(0.04, calls, "a"), "b": clock.taking(0.02, calls, "b")}
+    seconds = spread_times({"X": fns}, rounds=2, turn_seconds=0.1)
+    # Warm-up once, then once more since both are cheaper than a turn; the slower fills it in ceil(0.1 / 0.04) calls.
+    assert calls[:4] == ["a", "b", "a", "b"]
+    # Each call of a turn starts one later: a b, b a, a b; the next round starts with b.
+    assert calls[4:10] == ["a", "b", "b", "a", "a", "b"] and calls[10:] == ["b", "a", "a", "b", "b", "a"]
+    assert seconds == {"X": {"a": [pytest.approx(0.04)] * 2, "b": [pytest.approx(0.02)] * 2}}
+
+
+def test_a_turn_keeps_one_call_of_a_function_slower_than_the_turn_and_caps_the_calls_of_instant_ones():
+    assert calls_per_turn(0.5, turn_seconds=0.2) == 1
+    assert calls_per_turn(0.05, turn_seconds=0.0) == 1
+    assert calls_per_turn(0.05, turn_seconds=0.2) == 4
+    assert calls_per_turn(0.0, turn_seconds=0.2) == MAX_CALLS_PER_TURN
+
+
+def test_the_median_of_a_turn_leaves_out_its_one_slow_call(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+    durations = iter([0.01] * 2 + [0.05] + [0.01] * 20)  # the first timed call runs five times slower
+
+    def fn() -> None:
+        calls.append("a")
+        clock.now += next(durations)
+
+    seconds = interleaved_times({"a": fn}, rounds=1, turn_seconds=0.05)
+    assert len(calls) == 2 + 5 and seconds == {"a": [pytest.approx(0.01)]}
 
 
 def test_a_speedup_pairs_the_calls_of_each_round_so_drift_across_rounds_cancels():
@@ -66,3 +125,40 @@ def test_throughput_rows_carry_the_median_speedup_and_its_spread_with_the_refere
         assert [reference[key] for key in SPEEDUP_SPREAD] == [1.0] * 5
     # The two models are the same shape, so each batch's FLOP ideal is exactly one.
     assert all(r["examples_per_s"] > 0 and r["ideal_speedup"] == 1.0 for r in rows)
+
+
+def test_the_floor_model_keeps_one_head_and_one_neuron_in_every_layer_and_leaves_the_model_alone():
+    model = random_encoder("tiny", "sdpa")
+    floor = floor_model(model)
+    assert [s.num_heads for s in attention_sites(floor)] == [1, 1]
+    assert [len(s.kept_neurons) for s in ffn_sites(floor)] == [1, 1]
+    assert [s.num_heads for s in attention_sites(model)] == [12, 12]
+    inputs = random_inputs(model, 2, 16)
+    with torch.inference_mode():
+        assert floor(**inputs).logits.shape == model(**inputs).logits.shape
+
+
+def test_the_amdahl_bound_is_the_flop_ideal_without_fixed_work_and_one_when_all_work_is_fixed():
+    assert amdahl_bound(floor_share=0.0, ideal=2.0, floor_ideal=float("inf")) == pytest.approx(2.0)
+    assert amdahl_bound(floor_share=1.0, ideal=2.0, floor_ideal=10.0) == pytest.approx(1.0)
+    # 2 of 10 s fixed in a floor of a tenth of the FLOPs; the other 8 s shrink with the FLOPs above it (90 -> 40).
+    assert amdahl_bound(0.2, ideal=2.0, floor_ideal=10.0) == pytest.approx(10 / (2 + 8 * 40 / 90))
+
+
+def test_throughput_rows_with_a_floor_carry_its_share_and_each_models_bound_and_no_row_of_its_own():
+    full = random_encoder("tiny", "sdpa")
+    pruned = prune_heads(copy.deepcopy(full), {0: range(6), 1: range(6)})
+    floor = floor_model(full)
+    rows = measure_throughput({0.0: full, 0.5: pruned}, [random_inputs(full, b, 16) for b in (1, 2)], repeats=3,
+                              floor=floor)
+    assert [(r["batch_size"], r["fraction_pruned"]) for r in rows] == [(1, 0.0), (1, 0.5), (2, 0.0), (2, 0.5)]
+    probe = {k: v[:1] for k, v in random_inputs(full, 1, 16).items()}
+    flops = {name: forward_flops(m, probe) for name, m in (("full", full), ("pruned", pruned), ("floor", floor))}
+    for r in rows:
+        assert 0 < r["floor_share"] == rows[0 if r["batch_size"] == 1 else 2]["floor_share"]
+        ideal = flops["full"] / flops["pruned" if r["fraction_pruned"] else "full"]
+        assert r["ideal_speedup"] == pytest.approx(ideal)
+        floor_ideal = flops["full"] / flops["floor"]
+        assert r["bound_speedup"] == pytest.approx(amdahl_bound(r["floor_share"], ideal, floor_ideal))
+    # The reference's bound is exactly one: it is the model the floor's share is of.
+    assert rows[0]["bound_speedup"] == pytest.approx(1.0) and rows[2]["bound_speedup"] == pytest.approx(1.0)

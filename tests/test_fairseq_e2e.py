@@ -48,7 +48,7 @@ def tiny_fairseq_params() -> dict:
     params["score"].update(split="train", max_examples=32, batch_size=16)
     params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=20,
                            random_seeds=[0], checkpoints=True)
-    params["benchmark"].update(batch_sizes=[1, 4], new_tokens=4, repeats=1)
+    params["benchmark"].update(batch_sizes=[1, 4], new_tokens=4, repeats=1, turn_seconds=0)
     return params
 
 

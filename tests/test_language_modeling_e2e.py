@@ -28,7 +28,7 @@ def tiny_llm_pipeline_params() -> dict:
                            random_seeds=[0, 1])
     params["prune"]["budgeted"].update(levels=[0.2], fisher_examples=32, tune_examples=16, max_examples=20)
     params["recover"].update(steps=5, batch_size=16, warmup_steps=1)
-    params["benchmark"].update(batch_sizes=[1, 2], prompt_tokens=8, new_tokens=4, repeats=1)
+    params["benchmark"].update(batch_sizes=[1, 2], prompt_tokens=8, new_tokens=4, repeats=1, turn_seconds=0)
     return params
 
 

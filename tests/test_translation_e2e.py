@@ -34,7 +34,7 @@ def tiny_mt_params() -> dict:
     params["ablate"].update(max_examples=20, n_resamples=100)
     params["score"].update(max_examples=32, batch_size=16)
     params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=20)
-    params["benchmark"].update(batch_sizes=[1, 4], new_tokens=4, repeats=1)
+    params["benchmark"].update(batch_sizes=[1, 4], new_tokens=4, repeats=1, turn_seconds=0)
     return params
 
 

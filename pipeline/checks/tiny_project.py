@@ -50,7 +50,7 @@ def tiny_params(root: Path = ROOT) -> dict:
     # it on (with_budgeted) for the pipeline's own repository.
     params["prune"]["budgeted"].update(methods=[], save_levels=[])
     params["recover"].update(steps=2, batch_size=8)
-    params["benchmark"].update(batch_sizes=[1, 2], seq_len=16, repeats=1)
+    params["benchmark"].update(batch_sizes=[1, 2], seq_len=16, repeats=1, turn_seconds=0)
     return params
 
 

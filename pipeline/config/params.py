@@ -210,10 +210,13 @@ Precision = Literal[PRECISIONS]
 class BenchmarkParams(Section):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1)
     seq_len: int = Field(128, ge=1)
-    # Rounds after a warm-up, every model called once a round (pipeline/methods/bench.py): a speedup is the median
-    # of the rounds' ratios, with its interquartile range and its range (a confidence interval for the median: 98% at
-    # 7 rounds). On two shared cores, 3 rounds moved a ratio by 0.3.
+    # Rounds after a warm-up, every model taking a turn each round (pipeline/methods/bench.py): a speedup is the
+    # median of the rounds' ratios, with its interquartile range and its range (a confidence interval for the
+    # median: 98% at 7 rounds). On two shared cores, 3 rounds moved a ratio by 0.3.
     repeats: int = Field(7, ge=1)
+    # In its turn each model is called, alternately with the others, until its calls have lasted this long, and the
+    # round keeps their median: a cheap call (batch 1) is timed many times. 0: one call a turn.
+    turn_seconds: float = Field(0.2, ge=0)
     attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
     # Each model is timed at each of these (autocast for bf16/fp16), beside runtime.precision's own run.
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
@@ -409,6 +412,7 @@ class GenerationBenchmarkParams(Section):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 16, 64], min_length=1)
     new_tokens: int = Field(16, ge=1)
     repeats: int = Field(7, ge=1)
+    turn_seconds: float = Field(0.2, ge=0)  # as BenchmarkParams'
     precisions: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1)
 
 

@@ -141,7 +141,7 @@ def checkpoint_step(name: str) -> int | None:
 
 # The benchmark columns (and benchmark.json keys) that are wall-clock measurements, so no two runs agree on them.
 BENCHMARK_TIMINGS = frozenset({"examples_per_s", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3", "speedup_min",
-                               "speedup_max"})
+                               "speedup_max", "floor_share", "bound_speedup"})
 
 
 # --- the tables an experiment writes (reports/<experiment>/): the columns every reader relies on ------
@@ -163,9 +163,11 @@ TABLE_COLUMNS = {
     "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
                       "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "device", "precision"],
     # widths: FULL_WIDTHS (unpruned), ROUNDED_WIDTHS (to the measured neuron multiple), SEARCHED_WIDTHS (without).
+    # floor_share: the median over the rounds of a floor model's time (one head and one FFN neuron a layer) over the
+    # unpruned model's; bound_speedup: the Amdahl bound that sets on the row's speedup (pipeline/methods/bench.py).
     "benchmark_budgeted.csv": ["attn_implementation", "batch_size", "budget_removed", "widths", "examples_per_s",
                                "speedup", "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup",
-                               "params", "device", "precision"],
+                               "floor_share", "bound_speedup", "params", "device", "precision"],
     # phase: prefill or decode (pipeline/methods/llm_bench.py); ideals from FLOPs and from KV-cache bytes per token.
     "llm_benchmark.csv": ["model", "batch_size", "phase", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3",
                           "speedup_min", "speedup_max", "ideal_speedup_flops", "ideal_speedup_kv", "kv_bytes_per_token",

@@ -3,19 +3,28 @@
     python -m pipeline.methods.bench                      # BERT-base and MiniLM-L6 shapes, sdpa and eager
     python -m pipeline.methods.bench --shapes minilm-l6 --batch-sizes 1 16 --repeats 7 --csv bench.csv
 
-Random weights are enough for speed. The models of one shape and batch size take turns, one call each per
-round, for `--repeats` rounds after a warm-up, and the batch sizes take turns too, so each one's rounds span the
-whole measurement (`spread_times`). A speedup is the median of the rounds' ratios to the unpruned model's call
-in the same round, with its interquartile range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`,
-`speedup_max`). The range of n rounds is a distribution-free confidence interval for the median ratio (it misses
-the median with probability 2 / 2**n: 98% at 7 rounds), so two runs whose ranges do not overlap differ by more
-than the machine's noise. The scoring-cost line compares one importance pass (forward + backward to
-the gates) over a data set with a forward pass over the same data.
+Random weights are enough for speed. The models of one shape and batch size take turns for `--repeats` rounds
+after a warm-up, and the batch sizes take turns too, so each one's rounds span the whole measurement
+(`spread_times`). In its turn each model is called, alternately with the others, until its calls have lasted
+`--turn-seconds`, and the round keeps the median of its calls: a cheap call (batch 1) is then timed many times, so
+the odd slow call (the first after another batch size's, or one the machine interrupts) does not decide a round.
+A speedup is the median of the rounds' ratios to the unpruned model's time in the same round, with its
+interquartile range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`). The range of n
+rounds is a distribution-free confidence interval for the median ratio (it misses the median with probability
+2 / 2**n: 98% at 7 rounds), so two runs whose ranges do not overlap differ by more than the machine's noise.
+
+Pruning cannot shrink all of a forward pass: embeddings, LayerNorms, residual adds, the attention mask, the task
+head and each call's fixed overhead stay. `floor_model` keeps only that (one head and one FFN neuron a layer);
+timed beside the others it gives each model the Amdahl bound on its speedup (`amdahl_bound`), the most any pruning
+to its FLOPs could reach on this machine. The scoring-cost line compares one importance pass (forward + backward
+to the gates) over a data set with a forward pass over the same data.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import math
 import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -30,8 +39,8 @@ from torch import nn
 from pipeline.core.flops import forward_flops, parameter_count
 from pipeline.core.importance import head_importance
 from pipeline.core.runtime import CPU_FP32, Runtime
-from pipeline.core.sites import attention_sites
-from pipeline.core.surgery import prune_heads
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads, prune_neurons
 
 SHAPES = {
     "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
@@ -42,40 +51,66 @@ SHAPES = {
 }
 
 
-def spread_times(groups: Mapping[Hashable, Mapping[Hashable, Callable[[], object]]], rounds: int,
-                 runtime: Runtime = CPU_FP32) -> dict[Hashable, dict[Hashable, list[float]]]:
-    """The seconds of each function of each group, once per round for `rounds` rounds, under the runtime's
-    autocast, after one warm-up call of each. A group is what one ratio compares (the models, at one batch size).
-    Every round gives each group a turn, and in its turn each of the group's functions is called once; both the
-    groups and the functions within a turn start one later each round (A B C, B C A, ...).
+# A turn's calls of one function stop here even when `turn_seconds` asks for more (calls of microseconds).
+MAX_CALLS_PER_TURN = 50
 
-    So the two calls a ratio pairs are a moment apart, and load from elsewhere on a shared machine, which comes and
-    goes over seconds, falls on both alike; and no function always runs first after another's caches. And each
-    group's rounds are spread over the whole measurement, not bunched into the few seconds that its own calls
-    take: their spread then holds the drift of the machine over the run's minutes, which is what a second run of
-    the same measurement meets.
+
+def spread_times(groups: Mapping[Hashable, Mapping[Hashable, Callable[[], object]]], rounds: int,
+                 runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0
+                 ) -> dict[Hashable, dict[Hashable, list[float]]]:
+    """The seconds of each function of each group, one figure per round for `rounds` rounds, under the runtime's
+    autocast, after a warm-up. A group is what one ratio compares (the models, at one batch size). Every round gives
+    each group a turn; in its turn the group's functions are called alternately, `calls_per_turn` times each, and
+    the round keeps the median of each one's calls. Both the groups and the functions within a turn start one later
+    each round (A B C, B C A, ...), and each call of a turn one later than the call before.
+
+    So the calls a ratio pairs are a moment apart, and load from elsewhere on a shared machine, which comes and goes
+    over seconds, falls on both alike; and no function always runs first after another's caches. Each group's
+    rounds are spread over the whole measurement, not bunched into the few seconds that its own calls take: their
+    spread then holds the drift of the machine over the run's minutes, which is what a second run of the same
+    measurement meets. With `turn_seconds` 0 every function is called once a turn.
 
     CUDA runs asynchronously: the device is synchronised before each timer starts and before it stops, so a
     call is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
     """
     # A caller that passes no runtime (the budgeted latency table) may still time CUDA models: synchronise then too.
     sync = runtime.synchronize if runtime.is_cuda or not torch.cuda.is_initialized() else torch.cuda.synchronize
+
+    def timed(fn: Callable[[], object]) -> float:
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - start
+
     names = list(groups)
     times = {name: {key: [] for key in groups[name]} for name in names}
+    calls = {}
     with runtime.autocast():
-        for fns in groups.values():
-            for fn in fns.values():
-                fn()  # warm-up: allocator, kernel selection (oneDNN primitives per shape; cuBLAS heuristics)
+        for name, fns in groups.items():
+            # warm-up: allocator, kernel selection (oneDNN primitives per shape; cuBLAS heuristics)
+            seconds = [timed(fn) for fn in fns.values()]
+            if turn_seconds > 0 and max(seconds) < turn_seconds:  # cheap calls: time them warm to size the turn
+                seconds = [timed(fn) for fn in fns.values()]
+            calls[name] = calls_per_turn(max(seconds), turn_seconds)
         for round_ in range(rounds):
             for name in _turns(names, round_):
                 fns = groups[name]
-                for key in _turns(list(fns), round_):
-                    sync()
-                    start = time.perf_counter()
-                    fns[key]()
-                    sync()
-                    times[name][key].append(time.perf_counter() - start)
+                turn = {key: [] for key in fns}
+                for call in range(calls[name]):
+                    for key in _turns(list(fns), round_ + call):
+                        turn[key].append(timed(fns[key]))
+                for key, seconds in turn.items():
+                    times[name][key].append(statistics.median(seconds))
     return times
+
+
+def calls_per_turn(seconds: float, turn_seconds: float) -> int:
+    """How many calls of `seconds` each fill a turn of `turn_seconds` (at least one, at most
+    `MAX_CALLS_PER_TURN`)."""
+    if turn_seconds <= 0 or seconds >= turn_seconds:
+        return 1
+    return min(MAX_CALLS_PER_TURN, math.ceil(turn_seconds / max(seconds, 1e-9)))
 
 
 def _turns(keys: list, round_: int) -> list:
@@ -84,15 +119,16 @@ def _turns(keys: list, round_: int) -> list:
 
 
 def interleaved_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
-                      runtime: Runtime = CPU_FP32) -> dict[Hashable, list[float]]:
-    """`spread_times` of one group: the seconds of each of `fns`, once per round, taking turns."""
-    return spread_times({None: fns}, rounds, runtime)[None]
+                      runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0) -> dict[Hashable, list[float]]:
+    """`spread_times` of one group: the seconds of each of `fns`, one figure per round, taking turns."""
+    return spread_times({None: fns}, rounds, runtime, turn_seconds)[None]
 
 
 def median_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
-                 runtime: Runtime = CPU_FP32) -> dict[Hashable, float]:
+                 runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0) -> dict[Hashable, float]:
     """The median of each one's `interleaved_times`."""
-    return {key: statistics.median(seconds) for key, seconds in interleaved_times(fns, rounds, runtime).items()}
+    return {key: statistics.median(seconds)
+            for key, seconds in interleaved_times(fns, rounds, runtime, turn_seconds).items()}
 
 
 @dataclass(frozen=True)
@@ -198,41 +234,74 @@ def random_inputs(model: nn.Module, batch_size: int, seq_len: int, seed: int = 0
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+def floor_model(model: nn.Module) -> nn.Module:
+    """A copy of `model` with only the first of its present heads in every attention site and the first of its
+    present neurons in every FFN: what is left to time is the work that pruning does not shrink."""
+    floor = copy.deepcopy(model)
+    prune_heads(floor, {i: s.kept_heads[1:] for i, s in enumerate(attention_sites(floor))})
+    prune_neurons(floor, {i: s.kept_neurons[1:] for i, s in enumerate(ffn_sites(floor))})
+    return floor.eval()
+
+
+def amdahl_bound(floor_share: float, ideal: float, floor_ideal: float) -> float:
+    """The speedup of a model whose FLOP ideal is `ideal` if all but the floor's time shrank exactly with the FLOPs:
+    the floor takes `floor_share` of the reference's time and has the FLOP ideal `floor_ideal`. In fractions of the
+    reference's time and FLOPs, the model takes floor_share + (1 - floor_share) * (1/ideal - 1/floor_ideal) /
+    (1 - 1/floor_ideal)."""
+    scalable = (1 / ideal - 1 / floor_ideal) / (1 - 1 / floor_ideal)
+    return 1 / (floor_share + (1 - floor_share) * scalable)
+
+
+FLOOR = "floor"  # the key `measure_throughput` times its floor model under
+
+
 def measure_throughput(
     models: Mapping[float, nn.Module], batches: Sequence[Mapping[str, torch.Tensor]], repeats: int,
-    runtime: Runtime = CPU_FP32,
+    runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0, floor: nn.Module | None = None,
 ) -> list[dict]:
     """Examples/s of each model (keyed by fraction pruned; the first is the reference) on each of `batches`, with
     the measured speedup over the reference (the median of the rounds' ratios, their interquartile range and
     their range: `ratio_columns`) beside the ideal (FLOP-count) one: one row per batch and model. Each batch's
-    models take turns for `repeats` rounds, the batches taking turns too, so every batch's rounds span the whole
-    measurement (`spread_times`). The models must be on the runtime's device; every one is timed at the runtime's
-    precision, so a speedup compares models at the same precision, batch and attention implementation."""
-    fractions = list(models)
+    models take turns for `repeats` rounds of `turn_seconds` turns, the batches taking turns too, so every batch's
+    rounds span the whole measurement (`spread_times`). The models must be on the runtime's device; every one is
+    timed at the runtime's precision, so a speedup compares models at the same precision, batch and attention
+    implementation.
+
+    With a `floor` model (`floor_model` of the reference), it takes its turns too, and every row also has
+    `floor_share`, the median of the rounds' ratios of the floor's time to the reference's, and `bound_speedup`,
+    the model's `amdahl_bound`; the floor has no row of its own."""
+    timed = {**models, **({FLOOR: floor} if floor is not None else {})}
+    reference_key = next(iter(models))
     batches = [on_device(inputs, runtime) for inputs in batches]
     ideals = []
     for inputs in batches:
-        flops = {f: forward_flops(m, {k: v[:1] for k, v in inputs.items()}) for f, m in models.items()}
-        ideals.append({f: flops[fractions[0]] / flops[f] for f in fractions})
+        flops = {f: forward_flops(m, {k: v[:1] for k, v in inputs.items()}) for f, m in timed.items()}
+        ideals.append({f: flops[reference_key] / flops[f] for f in timed})
     with torch.inference_mode():
         seconds = spread_times({i: {f: (lambda model=model, inputs=inputs: model(**inputs))
-                                    for f, model in models.items()} for i, inputs in enumerate(batches)},
-                               repeats, runtime)
+                                    for f, model in timed.items()} for i, inputs in enumerate(batches)},
+                               repeats, runtime, turn_seconds)
     rows = []
     for i, inputs in enumerate(batches):
-        batch_size, reference = next(iter(inputs.values())).shape[0], seconds[i][fractions[0]]
+        batch_size, reference = next(iter(inputs.values())).shape[0], seconds[i][reference_key]
+        bound = {}
+        if floor is not None:
+            share = speedup_ratio(seconds[i][FLOOR], reference).median
+            bound = {f: dict(floor_share=share, bound_speedup=amdahl_bound(share, ideals[i][f], ideals[i][FLOOR]))
+                     for f in models}
         rows += [dict(
             attn_implementation=model.config._attn_implementation, batch_size=batch_size, fraction_pruned=fraction,
             examples_per_s=batch_size / statistics.median(seconds[i][fraction]),
             **ratio_columns(speedup_ratio(reference, seconds[i][fraction])),
-            ideal_speedup=ideals[i][fraction], params=parameter_count(model), **runtime_columns(runtime),
+            ideal_speedup=ideals[i][fraction], **bound.get(fraction, {}), params=parameter_count(model),
+            **runtime_columns(runtime),
         ) for fraction, model in models.items()]
     return rows
 
 
 def measure_generation(
     models: Mapping[float, nn.Module], batches: Sequence[Mapping[str, torch.Tensor]], new_tokens: int,
-    repeats: int, num_beams: int = 1, runtime: Runtime = CPU_FP32,
+    repeats: int, num_beams: int = 1, runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0,
 ) -> list[dict]:
     """Decoding speed of each encoder-decoder (keyed by fraction pruned; the first is the reference) on each of
     `batches` of source sentences: sentences/s (examples_per_s) and generated tokens/s, beside the ideal speedup
@@ -259,7 +328,7 @@ def measure_generation(
         ideals.append({f: flops[fractions[0]] / flops[f] for f in fractions})
     with torch.inference_mode():
         seconds = spread_times({i: {f: generate(model, inputs) for f, model in models.items()}
-                                for i, inputs in enumerate(batches)}, repeats, runtime)
+                                for i, inputs in enumerate(batches)}, repeats, runtime, turn_seconds)
     rows = []
     for i, inputs in enumerate(batches):
         batch_size, reference = inputs["input_ids"].shape[0], seconds[i][fractions[0]]
@@ -277,10 +346,12 @@ def measure_generation(
 def throughput_table(
     shapes: Sequence[str], fractions: Sequence[float], batch_sizes: Sequence[int], impls: Sequence[str],
     seq_len: int, repeats: int, runtimes: Sequence[Runtime] = (CPU_FP32,), memory: bool = False,
+    turn_seconds: float = 0.0,
 ) -> pd.DataFrame:
     """Every shape x attention x runtime x batch size, all pruned levels side by side (the first fraction is the
-    reference). The runtimes share one device; with `memory`, each row also has the forward pass's weights and
-    peak activations (`forward_memory_mb`) and their sum, `peak_memory_mb`."""
+    reference), timed by `measure_throughput` with turns of `turn_seconds`. The runtimes share one device; with
+    `memory`, each row also has the forward pass's weights and peak activations (`forward_memory_mb`) and their
+    sum, `peak_memory_mb`."""
     rows = []
     for shape in shapes:
         for impl in impls:
@@ -290,7 +361,7 @@ def throughput_table(
                 models[fraction] = prune_heads(model, evenly_spread_plan(model, fraction)).to(runtimes[0].device)
             for runtime in runtimes:
                 batches = {b: random_inputs(models[fractions[0]], b, seq_len) for b in batch_sizes}
-                for row in measure_throughput(models, list(batches.values()), repeats, runtime):
+                for row in measure_throughput(models, list(batches.values()), repeats, runtime, turn_seconds):
                     if memory:
                         inputs = batches[row["batch_size"]]
                         row |= forward_memory_mb(models[row["fraction_pruned"]], inputs, runtime)
@@ -339,18 +410,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--attn", nargs="+", default=["sdpa", "eager"], choices=["sdpa", "eager"])
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7, help="rounds, after a warm-up")
+    parser.add_argument("--turn-seconds", type=float, default=0.2,
+                        help="each model's calls in a turn last at least this long (0: one call a turn)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--csv", default=None, help="also write the throughput table here")
     args = parser.parse_args(argv)
     fractions = sorted(set(args.fractions) | {0.0})
     if not all(0.0 <= f < 1.0 for f in fractions):
         parser.error(f"--fractions must lie in [0, 1), got {args.fractions}")
+    if args.repeats < 1 or args.turn_seconds < 0:
+        parser.error(f"--repeats must be at least 1 and --turn-seconds at least 0, got {args.repeats} and "
+                     f"{args.turn_seconds}")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, seq_len {args.seq_len}, "
-          f"median of {args.repeats} interleaved rounds [range]", flush=True)
+          f"median of {args.repeats} interleaved rounds of {args.turn_seconds:g}-s turns [range]", flush=True)
 
-    table = throughput_table(args.shapes, fractions, args.batch_sizes, args.attn, args.seq_len, args.repeats)
+    table = throughput_table(args.shapes, fractions, args.batch_sizes, args.attn, args.seq_len, args.repeats,
+                             turn_seconds=args.turn_seconds)
     if args.csv:
         table.to_csv(args.csv, index=False)
     pivot = table.pivot_table(index=["shape", "attn_implementation", "batch_size"], columns="fraction_pruned",

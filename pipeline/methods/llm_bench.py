@@ -4,7 +4,8 @@
     python -m pipeline.methods.llm_bench --batch-sizes 1 8 32 --new-tokens 32 --repeats 5 --csv llm_bench.csv
 
 Two phases, each timed on its own for `repeats` rounds after a warm-up: the models take turns within each
-round, and the phases and batch sizes take turns too, so each one's rounds span the whole run
+round (each called, alternately, until its calls have lasted `turn_seconds`; the round keeps their median), and
+the phases and batch sizes take turns too, so each one's rounds span the whole run
 (`pipeline.methods.bench.spread_times`). A speedup is the median of the rounds' ratios, with its interquartile
 range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`, `pipeline.methods.bench.Ratio`):
 - prefill: one forward pass over a prompt batch that builds the KV cache (and the last position's logits, as
@@ -145,7 +146,7 @@ def phase_runs(model: nn.Module, prompt: Mapping[str, torch.Tensor], new_tokens:
 
 
 def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], prompt_tokens: int, new_tokens: int,
-                  repeats: int, runtime: Runtime = CPU_FP32) -> pd.DataFrame:
+                  repeats: int, runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0) -> pd.DataFrame:
     """One row per (model label, batch size, phase): measured tokens/s, KV bytes per token and peak memory (the
     weights plus the peak allocated by the prefill, or by a whole generation for decode: the torch allocator's
     own count, `peak_allocated_mib`, on the CPU as on a GPU), the speedup over the first model, and the ideal
@@ -163,7 +164,8 @@ def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], p
     phase_fns = {PREFILL: lambda r: r.prefill, DECODE: lambda r: r.decode}
     with torch.inference_mode():  # one group per batch size and phase, their rounds spread over the whole run
         seconds = spread_times({(b, phase): {label: fn(r) for label, r in runs[b].items()}
-                                for b in batch_sizes for phase, fn in phase_fns.items()}, repeats, runtime)
+                                for b in batch_sizes for phase, fn in phase_fns.items()}, repeats, runtime,
+                               turn_seconds)
     rows = []
     for batch_size in batch_sizes:
         tokens = {PREFILL: batch_size * prompt_tokens, DECODE: batch_size * new_tokens}
@@ -214,16 +216,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=7, help="rounds, after a warm-up")
+    parser.add_argument("--turn-seconds", type=float, default=0.2,
+                        help="each model's calls in a turn last at least this long (0: one call a turn)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--csv", default=None, help="also write the table here")
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.turn_seconds < 0:
+        parser.error(f"--repeats must be at least 1 and --turn-seconds at least 0, got {args.repeats} and "
+                     f"{args.turn_seconds}")
     if args.threads:
         torch.set_num_threads(args.threads)
     pruned_label = f"{args.fraction:.0%} of KV groups removed"
     models = {"unpruned": random_llama(), pruned_label: without_kv_groups(random_llama(), args.fraction)}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {args.prompt_tokens} tokens, "
           f"{args.new_tokens} new, median of {args.repeats} interleaved rounds", flush=True)
-    table = llm_benchmark(models, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats)
+    table = llm_benchmark(models, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats,
+                          turn_seconds=args.turn_seconds)
     if args.csv:
         table.to_csv(args.csv, index=False)
     table["of_ideal_flops"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_FLOPS]

@@ -202,6 +202,16 @@ def recovery(inp: Inputs, rec: pd.DataFrame) -> bytes:
     return _png(fig)
 
 
+def _speedup_panel(ax: plt.Axes, title: str, xlabel: str) -> None:
+    """A speedup panel's no-change line, title, axis labels, grid and legend."""
+    ax.axhline(1.0, color="0.6", lw=0.8)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("speedup (x, throughput vs. unpruned)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def speedup(bench: pd.DataFrame) -> bytes:
     """Measured and ideal throughput speedup against the share of heads pruned, one panel per attention and
     precision."""
@@ -235,11 +245,34 @@ def speedup(bench: pd.DataFrame) -> bytes:
                     lw=1,
                     label="ideal" if i == 0 else None,
                 )
-        ax.axhline(1.0, color="0.6", lw=0.8)
-        ax.set_title(f"attention: {impl}" + (f", {precision}" if len(precisions) > 1 else ""))
-        ax.set_xlabel("heads pruned (% of all heads)")
-        ax.set_ylabel("speedup (x, throughput vs. unpruned)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _speedup_panel(ax, f"attention: {impl}" + (f", {precision}" if len(precisions) > 1 else ""),
+                       "heads pruned (% of all heads)")
     fig.suptitle("Measured vs. ideal inference speedup")
     return _png(fig)
+
+
+def budgeted_speed(rows: pd.DataFrame) -> bytes:
+    """Each saved budgeted model's measured speedup against batch size, with its rounds' range, beside its ideal
+    from FLOPs and, where the benchmark timed a floor model, the bound that sets; one panel per attention and
+    precision."""
+    panels = list(dict.fromkeys(zip(rows["attn_implementation"], rows["precision"], strict=True)))
+    several = len({p for _, p in panels}) > 1
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.3), squeeze=False, sharey=True,
+                             layout="constrained")
+    for ax, (impl, precision) in zip(axes[0], panels, strict=True):
+        part = rows[(rows["attn_implementation"] == impl) & (rows["precision"] == precision)]
+        for i, ((level, widths), model) in enumerate(part.groupby(["budget_removed", "widths"], sort=True)):
+            model = model.sort_values("batch_size")
+            x, color = model["batch_size"].to_numpy(), f"C{i}"
+            ax.errorbar(x, model["speedup"], yerr=[model["speedup"] - model["speedup_min"],  # the rounds' range
+                                                   model["speedup_max"] - model["speedup"]],
+                        fmt="o-", color=color, capsize=3, lw=1.5, label=f"{100 * level:g}% removed, {widths}")
+            ax.plot(x, model["ideal_speedup"], "--", color=color, lw=1, label="ideal (FLOPs)" if i == 0 else None)
+            if "bound_speedup" in model and model["bound_speedup"].notna().all():
+                ax.plot(x, model["bound_speedup"], ":", color=color, lw=1.5, label="bound (floor)" if i == 0 else None)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(part["batch_size"])), [str(b) for b in sorted(set(part["batch_size"]))])
+        _speedup_panel(ax, f"attention: {impl}" + (f", {precision}" if several else ""), "batch size")
+    fig.suptitle("Budgeted models: measured speedup, its FLOP ideal and the bound the unprunable work sets")
+    return _png(fig)
+

@@ -23,8 +23,10 @@ Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the r
                         neurons_pruned, metric, examples, seconds [, collapsed]   (the paper's order and
                         Kwon-style budgets; collapsed: the level fell more than prune.budgeted.collapse)
     budgeted_layers.csv method, budget_removed, unit, kind, layer, kept, of   (what each pruned model keeps)
-    benchmark_budgeted.csv  attn_implementation, batch_size, budget_removed, examples_per_s, speedup,
-                        ideal_speedup, params, device, precision
+    benchmark_budgeted.csv  attn_implementation, batch_size, budget_removed, widths, examples_per_s, speedup,
+                        ideal_speedup, floor_share, bound_speedup, params, device, precision
+                        (bound_speedup: the most any pruning to the row's FLOPs could give, from a floor
+                        model timed in the same rounds)
 """
 
 from __future__ import annotations

@@ -177,14 +177,25 @@ def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
                                                            "widths", "batch_size"])
     several = len(precisions_in(bench)) > 1
     doc.h(2, f"Speed of the saved `{BUDGETED_TUNED}` models")
+    bounded = "bound_speedup" in rows and rows["bound_speedup"].notna().all()
     doc.p(f"Measured on {measured_on(bench)}, the models taking turns within each round: the median of the rounds' "
-          f"throughput ratios to unpruned, with {SPREAD_IN_BRACKETS}, beside the ideal from FLOPs.")
+          f"throughput ratios to unpruned, with {SPREAD_IN_BRACKETS}, beside the ideal from FLOPs"
+          + (". The bound is the most any pruning to the same FLOPs could give here: a floor model (one head and "
+             "one FFN neuron a layer), timed in the same rounds, takes the floor's share of the unpruned model's "
+             "time, which no pruning shrinks, and the rest is taken to shrink exactly with the FLOPs."
+             if bounded else "."))
     doc.table(pd.DataFrame({
         **({"precision": rows["precision"]} if several else {}),
         "attention": rows["attn_implementation"], "removed": rows["budget_removed"].map(pct),
         "FFN widths": rows["widths"], "batch": rows["batch_size"], SPREAD_HEADER: with_spread(rows),
         "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
-        "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2))}))
+        "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2)),
+        **({"floor's share": rows["floor_share"].map(pct),
+            "bound": rows["bound_speedup"].map(lambda v: num(v, 2)),
+            "of bound": (rows["speedup"] / rows["bound_speedup"]).map(lambda v: num(v, 2))} if bounded else {})}))
+    doc.figure("budgeted_speed.png", figures.budgeted_speed(rows),
+               "Measured speedup of the saved models against batch size, with the rounds' range, beside the ideal "
+               "from FLOPs" + (" and the bound the floor sets." if bounded else "."))
     widths = ((inp.prune or {}).get("budgeted") or {}).get("widths") or {}
     if widths.get("unrounded"):
         costs = []
