@@ -340,9 +340,10 @@ def _speed(doc: Doc, inp: Inputs) -> None:
     order = precisions_in(bench)  # fp32 first
     several = len(order) > 1
     doc.p(f"Measured on {measured_on(bench)} (device, precision). A speedup compares a pruned model with the "
-          f"unpruned one at the same precision, batch size and attention implementation: the models take turns, "
-          f"one call each per round, and the speedup is the median of the rounds' ratios, with {SPREAD_IN_BRACKETS} "
-          f"and as the error bars. The ideal speedup is the ratio of their forward-pass FLOPs.")
+          f"unpruned one at the same precision, batch size and attention implementation: the models take turns "
+          f"each round, each called until its calls have lasted `benchmark.turn_seconds` and the round keeping "
+          f"their median, and the speedup is the median of the rounds' ratios, with {SPREAD_IN_BRACKETS} and as "
+          f"the error bars. The ideal speedup is the ratio of their forward-pass FLOPs.")
     doc.figure("speedup.png", figures.speedup(bench),
                "Throughput speedup of the physically pruned model; dashed: ideal speedup.")
 
