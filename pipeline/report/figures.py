@@ -275,4 +275,3 @@ def budgeted_speed(rows: pd.DataFrame) -> bytes:
         _speedup_panel(ax, f"attention: {impl}" + (f", {precision}" if several else ""), "batch size")
     fig.suptitle("Budgeted models: measured speedup, its FLOP ideal and the bound the unprunable work sets")
     return _png(fig)
-
