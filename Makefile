@@ -51,7 +51,7 @@ repro-tasks: setup
 	  for stage in $(TASK_STAGES); do $(PY) -m stages.$$stage --params $$f; done; \
 	done
 
-# The machine-translation experiment (mt/dvc.yaml, mt/params.yaml): about 45 minutes on 2 CPU cores.
+# The machine-translation experiment (mt/dvc.yaml, mt/params.yaml): 25 to 40 minutes on 2 CPU cores (README).
 repro-mt: setup
 	$(PY) -m pipeline.checks --params mt/params.yaml
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro mt/dvc.yaml
