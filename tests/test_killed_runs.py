@@ -157,8 +157,7 @@ def rendered_report(root: Path, into: Path) -> dict[str, bytes]:
     from pipeline.report.build import build_report
 
     shutil.copytree(root / REPORTS, into, ignore=shutil.ignore_patterns("report.*", "figures"))
-    task = json.loads((root / "artifacts" / EXPERIMENT / "data" / "task.json").read_text())
-    build_report(into, title=f"Head pruning: {task['model']} on {task['data']}")  # as stages/report.py titles it
+    build_report(into)  # titled as stages/report.py titles it, from finetune.json
     return report_files(into, Path("."))
 
 

@@ -36,7 +36,16 @@ def _write_curve(report_dir: Path, methods: dict[str, list[float]], splits=("dev
                         "metric": m,
                     }
                 )
-    pd.DataFrame(rows).to_csv(report_dir / "pruning_curve.csv", index=False)
+    curve = pd.DataFrame(rows)
+    curve.to_csv(report_dir / "pruning_curve.csv", index=False)
+    if IMPORTANCE in methods:  # what the prune stage writes beside the curve, and the report quotes
+        metric = json.loads((report_dir / "finetune.json").read_text())["metric"] if (
+            report_dir / "finetune.json").exists() else "accuracy"
+        summary = {}
+        for split in splits:
+            fraction, at, base = prunable_fraction(curve, IMPORTANCE, split, metric)
+            summary[split] = {"prunable_fraction_within_1pt": fraction, "metric_at_prunable": at, "unpruned": base}
+        (report_dir / "prune.json").write_text(json.dumps(summary))
 
 
 def _write_bert(report_dir: Path) -> None:

@@ -5,7 +5,8 @@ percent (0-100) or BLEU points, so "1 point" is 1.0 everywhere.
 
 Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the required ones):
     finetune.json       {"metric", "dev", "test", "model", "data", optional "data_attribution"}
-    prune.json          {optional "budgeted": {"budget", "seconds"},
+    prune.json          {optional per split: {"prunable_fraction_within_1pt", "metric_at_prunable", "unpruned"},
+                         optional "budgeted": {"budget", "seconds"},
                          optional "importance_rank_correlation_with_final": {step: rho}}
     importance.csv      kind, layer, head, importance            (per-layer normalised)
     ablation.csv        kind, layer, head, metric, delta, p_value [, examples]
@@ -211,6 +212,14 @@ class Inputs:
         # Decoder self-attention alone is a decoder-only language model, not an encoder-decoder.
         return (self.is_bleu or CROSS in present or {ENCODER, DECODER} <= present
                 or bool(methods & KIND_METHODS.keys()))
+
+    @property
+    def title(self) -> str:
+        """The report's title: the model and the data that finetune.json names."""
+        finetune = self.finetune or {}
+        if "model" in finetune and "data" in finetune:
+            return f"Head pruning: {finetune['model']} on {finetune['data']}"
+        return "Are Sixteen Heads Really Better than One? - reproduction"
 
     @property
     def task(self) -> str | None:

@@ -24,7 +24,6 @@ from pipeline.files.schema import (
     tolerance_text,
     within_tolerance,
 )
-from pipeline.methods.pruning import prunable_fraction
 from pipeline.report.document import SPREAD_HEADER, num, pct, plural, signed
 from pipeline.report.inputs import (
     CROSS,
@@ -74,14 +73,12 @@ KWON: dict = {"flops_removed": 0.4, "loss": "under 1 point", "latency_speedup": 
 
 def _prunable(inp: Inputs) -> str | None:
     """Figures 3/4: the share of heads that goes within the tolerance of the unpruned model."""
-    curve = inp.curve
-    if curve is None or IMPORTANCE not in set(curve["method"]):
-        return None
     parts = []
-    for split in [s for s in (TEST, DEV) if s in set(curve["split"])]:
-        res = prunable_fraction(curve, IMPORTANCE, split, inp.metric)
-        if res is not None:
-            frac, metric, base = res
+    for split in (TEST, DEV):
+        # What the prune stage found on its importance curve (`prunable_fraction`), as it wrote it to prune.json.
+        found = (inp.prune or {}).get(split)
+        if found is not None:
+            frac, metric, base = found["prunable_fraction_within_1pt"], found["metric_at_prunable"], found["unpruned"]
             parts.append(f"{pct(frac)} of heads on {split} ({num(base)} -> {num(metric)})")
     if not parts:
         return None
