@@ -14,7 +14,7 @@ import yaml
 
 from pipeline.checks.tiny_project import tool_env
 from pipeline.studies.mt_budget import main
-from tests.test_translation_e2e import tiny_mt_params, write_pairs
+from tests.tiny_project import tiny_mt_params, write_pairs
 
 pytestmark = pytest.mark.slow  # prepares and trains tiny Marian models
 

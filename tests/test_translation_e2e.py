@@ -10,42 +10,22 @@ import re
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
-from tests.tiny_project import MT_COLUMNS, make_pipeline_repo, ran_stages, run, traced_env, undeclared_params
+from tests.tiny_project import (
+    MT_COLUMNS,
+    make_pipeline_repo,
+    ran_stages,
+    run,
+    tiny_mt_params,
+    traced_env,
+    undeclared_params,
+    write_pairs,
+)
 
 pytestmark = pytest.mark.slow  # runs `dvc repro mt/dvc.yaml`
-
-ROOT = Path(__file__).resolve().parents[1]
-LEXICON = {"the": "el", "cat": "gato", "dog": "perro", "eats": "come", "sees": "ve", "big": "grande",
-           "small": "pequeño", "house": "casa", "in": "en", "runs": "corre", "bird": "pájaro", "red": "rojo"}
-
-
-def tiny_mt_params() -> dict:
-    params = yaml.safe_load((ROOT / "mt" / "params.yaml").read_text())
-    params["experiment"] = "tiny-mt"
-    params["model"].update(vocab_size=120, d_model=32, encoder_layers=2, decoder_layers=2, heads=4, ffn_dim=64)
-    params["data"].update(source="pairs.tsv", max_eval_pairs=30, max_length=16)
-    params["finetune"].update(steps=40, max_tokens=512, warmup_steps=10, checkpoint_steps=[10, 20])
-    params["translate"].update(num_beams=2, batch_size=16, max_new_tokens=12)
-    params["ablate"].update(max_examples=20, n_resamples=100)
-    params["score"].update(max_examples=32, batch_size=16)
-    params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=20)
-    params["benchmark"].update(batch_sizes=[1, 4], new_tokens=4, repeats=1, turn_seconds=0)
-    return params
-
-
-def write_pairs(path: Path, n: int = 300) -> None:
-    rng = np.random.default_rng(0)
-    words = list(LEXICON)
-    rows = []
-    for _ in range(n):
-        sentence = rng.choice(words, size=int(rng.integers(3, 7))).tolist()
-        rows.append({"source": " ".join(sentence), "target": " ".join(LEXICON[w] for w in sentence)})
-    pd.DataFrame(rows).to_csv(path, sep="\t", index=False)
 
 
 @pytest.fixture(scope="module")
