@@ -19,7 +19,8 @@ from pipeline.files.schema import KIND_LABELS, LOWER_IS_BETTER, RANDOM, toleranc
 from pipeline.report.inputs import Inputs, budgeted_at, checkpoint_of, splits_in, unpruned  # noqa: E402
 
 
-def _png(fig: plt.Figure) -> bytes:
+def png_bytes(fig: plt.Figure) -> bytes:
+    """`fig` as PNG bytes, closed; also the studies' figures (pipeline/studies)."""
     buf = io.BytesIO()
     # No "Software" metadata: identical inputs give byte-identical PNGs (stable DVC hashes).
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
@@ -90,7 +91,7 @@ def heatmaps(
     if len(kinds) > 1:
         fig.suptitle(title)
     fig.colorbar(image, ax=axes[0].tolist(), label=cbar_label, shrink=0.9)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def curves(inp: Inputs, curve: pd.DataFrame, methods: list[str], x: str, xlabel: str, title: str) -> bytes:
@@ -130,7 +131,7 @@ def curves(inp: Inputs, curve: pd.DataFrame, methods: list[str], x: str, xlabel:
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="lower left")
     fig.suptitle(title)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def budgeted(inp: Inputs, curve: pd.DataFrame, methods: list[str]) -> bytes:
@@ -153,7 +154,7 @@ def budgeted(inp: Inputs, curve: pd.DataFrame, methods: list[str]) -> bytes:
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="lower left")
     fig.suptitle(f"Accuracy at equal {cost}")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def kept_per_layer(layers: pd.DataFrame, methods: list[str], cost: str) -> bytes:
@@ -184,7 +185,7 @@ def kept_per_layer(layers: pd.DataFrame, methods: list[str], cost: str) -> bytes
         ax.set_title(method, fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="share of the layer's units kept")
     fig.suptitle(f"What each method keeps, layer by layer, at equal {cost}")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def recovery(inp: Inputs, rec: pd.DataFrame) -> bytes:
@@ -199,7 +200,7 @@ def recovery(inp: Inputs, rec: pd.DataFrame) -> bytes:
     ax.set_title("Recovery by fine-tuning after pruning")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _speedup_panel(ax: plt.Axes, title: str, xlabel: str) -> None:
@@ -248,7 +249,7 @@ def speedup(bench: pd.DataFrame) -> bytes:
         _speedup_panel(ax, f"attention: {impl}" + (f", {precision}" if len(precisions) > 1 else ""),
                        "heads pruned (% of all heads)")
     fig.suptitle("Measured vs. ideal inference speedup")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def budgeted_speed(rows: pd.DataFrame) -> bytes:
@@ -274,4 +275,4 @@ def budgeted_speed(rows: pd.DataFrame) -> bytes:
         ax.set_xticks(sorted(set(part["batch_size"])), [str(b) for b in sorted(set(part["batch_size"]))])
         _speedup_panel(ax, f"attention: {impl}" + (f", {precision}" if several else ""), "batch size")
     fig.suptitle("Budgeted models: measured speedup, its FLOP ideal and the bound the unprunable work sets")
-    return _png(fig)
+    return png_bytes(fig)

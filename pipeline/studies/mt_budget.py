@@ -36,7 +36,7 @@ from pipeline.files.atomic import write_bytes, write_csv
 from pipeline.mt.bleu import bleu
 from pipeline.mt.marian import new_marian
 from pipeline.mt.training import TranslationTrainConfig, train_translation
-from pipeline.report.figures import _png  # headless matplotlib, byte-identical PNGs for identical rows
+from pipeline.report.figures import png_bytes  # headless matplotlib, byte-identical PNGs for identical rows
 from pipeline.run.experiment import Experiment, log
 
 OUT = Path("reports") / "studies" / "mt-budget"
@@ -186,7 +186,7 @@ def figure(table: pd.DataFrame) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
