@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?(?:https?:)?//""", re.I)
 
 
-def _write_curve(report_dir: Path, methods: dict[str, list[float]], splits=("dev", "test")) -> None:
+def _write_curve(report_dir: Path, methods: dict[str, list[float]], splits=("dev", "test"),
+                 metric: str = "accuracy") -> None:
     rows = []
     for split in splits:
         for method, metrics in methods.items():
@@ -42,8 +43,6 @@ def _write_curve(report_dir: Path, methods: dict[str, list[float]], splits=("dev
     curve = pd.DataFrame(rows)
     curve.to_csv(report_dir / "pruning_curve.csv", index=False)
     if IMPORTANCE in methods:  # what the prune stage writes beside the curve, and the report quotes
-        metric = json.loads((report_dir / "finetune.json").read_text())["metric"] if (
-            report_dir / "finetune.json").exists() else "accuracy"
         summary = {}
         for split in splits:
             fraction, at, base = prunable_fraction(curve, IMPORTANCE, split, metric)
@@ -227,6 +226,7 @@ def _write_mt(report_dir: Path) -> None:
             kind_method("cross"): cross,
             checkpoint_method(1000): [x - 5 for x in flat],
         },
+        metric="bleu",
     )
 
 
