@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -19,6 +22,8 @@ from pipeline.mt.training import TranslationTrainConfig, token_budget_batches, t
 from pipeline.tasks import translation as translation_data
 from pipeline.tasks.subword import train_tokenizer
 from pipeline.tasks.translation import load_tatoeba_pairs, load_translation_task, split_by_source, tokenize_pairs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 ATTRIBUTION = "CC-BY 2.0 (France) Attribution: tatoeba.org #{} (CM) & #{} (x)"
 
@@ -366,6 +371,14 @@ def test_bleu_of_identical_text_is_100_with_a_signature():
     assert bleu(["completely unrelated words"] * len(REFS), REFS)[0] < 5
     with pytest.raises(ValueError, match="hypotheses has 1 sentences but there are 60 references"):
         bleu(REFS[:1], REFS)
+
+
+def test_sacrebleu_is_loaded_only_when_bleu_is_scored():
+    """Every stage imports the experiment, and with it this module; a classification stage skips sacrebleu's 0.6 s."""
+    probe = ("import sys, pipeline.run.experiment, pipeline.mt.bleu as b; print('sacrebleu' in sys.modules); "
+             "b.bleu(['a cat'], ['a cat']); print('sacrebleu' in sys.modules)")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.split() == ["False", "True"]
 
 
 def test_paired_bootstrap_pvalue():

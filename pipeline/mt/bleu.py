@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from sacrebleu.metrics import BLEU
 
 from pipeline.tasks.metrics import paired_bootstrap
+
+if TYPE_CHECKING:
+    from sacrebleu.metrics import BLEU
+
+
+def _sacrebleu_metric() -> BLEU:
+    """sacrebleu's BLEU with its defaults. Imported here, not at the top: sacrebleu loads portalocker and redis
+    (0.6 s on 2 CPU cores), and every stage imports this module through the experiment, but only translation
+    experiments score BLEU."""
+    from sacrebleu.metrics import BLEU
+
+    return BLEU()
 
 
 def check_lengths(references: Sequence[str], **hypotheses: Sequence[str]) -> None:
@@ -23,7 +35,7 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, s
     """Corpus BLEU (sacrebleu defaults: 13a tokenisation, mixed case, exp smoothing), one reference
     per hypothesis, and sacrebleu's signature string, which the report quotes so scores are comparable."""
     check_lengths(references, hypotheses=hypotheses)
-    metric = BLEU()
+    metric = _sacrebleu_metric()
     score = metric.corpus_score(list(hypotheses), [list(references)])
     return float(score.score), str(metric.get_signature())
 
@@ -44,7 +56,7 @@ def bleu_paired_pvalue(
     corpus_score.
     """
     check_lengths(references, system_hyps=system_hyps, baseline_hyps=baseline_hyps)
-    metric = BLEU()
+    metric = _sacrebleu_metric()
     refs = [list(references)]
     stats_sys = np.asarray(metric._extract_corpus_statistics(list(system_hyps), refs), dtype=np.int64)
     stats_base = np.asarray(metric._extract_corpus_statistics(list(baseline_hyps), refs), dtype=np.int64)
