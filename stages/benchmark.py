@@ -29,7 +29,14 @@ import torch
 
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import FULL_WIDTHS, ROUNDED_WIDTHS, SEARCHED_WIDTHS, TABLE_COLUMNS
+from pipeline.files.schema import (
+    FULL_WIDTHS,
+    ROUNDED_WIDTHS,
+    SEARCHED_WIDTHS,
+    TABLE_COLUMNS,
+    UNPRUNED_MODEL,
+    kv_groups_label,
+)
 from pipeline.methods.bench import (
     SPEEDUP_SPREAD,
     floor_model,
@@ -91,9 +98,9 @@ def translation(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame
 
 def language_model(exp: Experiment, runtime: Runtime) -> pd.DataFrame:
     b, pp = exp.params.benchmark, exp.params.prune
-    models = {"unpruned": exp.load(exp.finetuned_dir),
+    models = {UNPRUNED_MODEL: exp.load(exp.finetuned_dir),
               **{f"{f:.0%} of heads ({pp.unit})": exp.load(exp.pruned_dir(f)) for f in pp.save_fractions},
-              **{f"{f:.0%} of KV groups": exp.load(exp.kv_groups_dir(f)) for f in pp.kv_group_fractions}}
+              **{kv_groups_label(f): exp.load(exp.kv_groups_dir(f)) for f in pp.kv_group_fractions}}
     return llm_benchmark(models, b.batch_sizes, b.prompt_tokens, b.new_tokens, b.repeats, runtime, b.turn_seconds)
 
 
@@ -103,7 +110,7 @@ def language_model_stage(exp: Experiment) -> None:
     largest = max(exp.params.benchmark.batch_sizes)
     summary: dict = {}
     for r in table[table.batch_size == largest].itertuples():
-        if r.model != "unpruned":
+        if r.model != UNPRUNED_MODEL:
             summary.setdefault(f"{r.phase}@batch{largest}-{r.precision}", {})[r.model] = {
                 "speedup": round(float(r.speedup), 4), "ideal_speedup_flops": round(float(r.ideal_speedup_flops), 4),
                 "ideal_speedup_kv": round(float(r.ideal_speedup_kv), 4),

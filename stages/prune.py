@@ -24,7 +24,28 @@ from pipeline.core.checkpoint import stock_config
 from pipeline.core.importance import HeadChoice
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_TUNED, EVAL_SPLITS, IMPORTANCE, LAYERS_TABLE, tolerance_text
+from pipeline.files.schema import (
+    BUDGETED_HEADS,
+    BUDGETED_SUMMARY,
+    BUDGETED_TUNED,
+    EVAL_SPLITS,
+    HEADS_FROM,
+    IMPORTANCE,
+    KV_GROUPS_SUMMARY,
+    KV_HEADS,
+    LATENCY_TABLE,
+    LAYERS_TABLE,
+    METRIC_AT_PRUNABLE,
+    NOT_STOCK_BECAUSE,
+    PRUNABLE_FRACTION,
+    RANK_CORRELATION,
+    SECONDS,
+    STOCK,
+    TUNING_KEPT,
+    UNPRUNED_METRIC,
+    WHOLE_PRUNE,
+    tolerance_text,
+)
 from pipeline.methods.comparison import LatencyShape, budgeted_comparison, collapse_lines, empty_budgeted_tables
 from pipeline.methods.pruning import (
     CurveEvaluator,
@@ -99,9 +120,9 @@ def prune(exp: Experiment) -> None:
         pruned = pruned_copy(model, serving.select(serving.rank(importance, sites), sites, heads_for(fraction, total)))
         exp.save(pruned, exp.kv_groups_dir(fraction))
         stock, why_not = stock_config(pruned)
-        summary.setdefault("kv_groups", {})[f"{fraction:g}"] = {
-            "kv_heads": [site.num_kv_heads for site in attention_sites(pruned)], "stock": stock is not None,
-            **({} if stock is not None else {"not_stock_because": why_not})}
+        summary.setdefault(KV_GROUPS_SUMMARY, {})[f"{fraction:g}"] = {
+            KV_HEADS: [site.num_kv_heads for site in attention_sites(pruned)], STOCK: stock is not None,
+            **({} if stock is not None else {NOT_STOCK_BECAUSE: why_not})}
     lap("save the pruned models")
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
                           exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
@@ -114,7 +135,7 @@ def prune(exp: Experiment) -> None:
         lap("curves by attention kind")
     if exp.is_translation and pp.checkpoints:
         loaders = {step: functools.partial(exp.load, path) for step, path in exp.checkpoint_dirs().items()}
-        by_step, summary["importance_rank_correlation_with_final"] = checkpoint_curves(
+        by_step, summary[RANK_CORRELATION] = checkpoint_curves(
             loaders, evaluator, exp.score_batches(), counts, importance,
             p.score.normalize_p, choice, log=lambda line: log.info("prune: %s", line))
         curves += by_step
@@ -123,7 +144,7 @@ def prune(exp: Experiment) -> None:
     write_csv(exp.reports / "pruning_curve.csv", table)
     for split in evals:
         fraction, metric, base = prunable_fraction(table, IMPORTANCE, split, exp.task()["metric"])
-        summary[split] = {"prunable_fraction_within_1pt": fraction, "metric_at_prunable": metric, "unpruned": base}
+        summary[split] = {PRUNABLE_FRACTION: fraction, METRIC_AT_PRUNABLE: metric, UNPRUNED_METRIC: base}
 
     b = pp.budgeted
     budgeted_table, budgeted_layers = empty_budgeted_tables()
@@ -155,28 +176,28 @@ def prune(exp: Experiment) -> None:
         for level in sorted(set(b.save_levels) - set(result.models)):
             log.warning("prune: %s cannot remove %.0f%% of the %s: no model saved at that level", BUDGETED_TUNED,
                         100 * level, b.budget)
-        for level, kept in result.summary.get("tuning_kept", {}).items():
+        for level, kept in result.summary.get(TUNING_KEPT, {}).items():
             if not kept:
                 log.info("prune: %s at %.0f%% of the %s removed: tuning raised the held-out loss, so the model is "
                          "left untuned", BUDGETED_TUNED, 100 * float(level), b.budget)
-        for level, source in result.summary.get("heads_from", {}).items():
+        for level, source in result.summary.get(HEADS_FROM, {}).items():
             log.info("prune: %s at %.0f%% of the %s removed: heads from %s", BUDGETED_HEADS, 100 * float(level),
                      b.budget, source)
-        for key, seconds in result.summary["seconds"].items():
-            if key.startswith("whole_prune@"):
+        for key, seconds in result.summary[SECONDS].items():
+            if key.startswith(f"{WHOLE_PRUNE}@"):
                 log.info("prune: %s with %s of the %s removed took %.0f s in all", BUDGETED_TUNED,
-                         key.removeprefix("whole_prune@"), b.budget, seconds)
-        budgeted_table, budgeted_layers, summary["budgeted"] = result.table, result.layers, result.summary
+                         key.removeprefix(f"{WHOLE_PRUNE}@"), b.budget, seconds)
+        budgeted_table, budgeted_layers, summary[BUDGETED_SUMMARY] = result.table, result.layers, result.summary
         if result.latency_table is not None:
-            summary["budgeted"]["latency_table"] = result.latency_table
+            summary[BUDGETED_SUMMARY][LATENCY_TABLE] = result.latency_table
         lap("budgeted comparison")
-    summary["seconds"] = lap.seconds
+    summary[SECONDS] = lap.seconds
     for name, seconds in lap.seconds.items():
         log.info("prune: %s took %.0f s", name, seconds)
     write_csv(exp.reports / "budgeted_curve.csv", budgeted_table)
     write_csv(exp.reports / LAYERS_TABLE, budgeted_layers)
     write_json(exp.reports / "prune.json", summary)
-    prunable = ", ".join(f"{100 * summary[s]['prunable_fraction_within_1pt']:.0f}% on {s}" for s in evals)
+    prunable = ", ".join(f"{100 * summary[s][PRUNABLE_FRACTION]:.0f}% on {s}" for s in evals)
     log.info("prune: within %s of unpruned, %s of heads can go (importance order)",
              tolerance_text(exp.task()["metric"]), prunable)
 

@@ -11,7 +11,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline.files.schema import IMPORTANCE, KINDS, checkpoint_method, kind_method
+from pipeline.files.schema import (
+    IMPORTANCE,
+    KINDS,
+    KV_GROUPS_SUMMARY,
+    KV_HEADS,
+    METRIC_AT_PRUNABLE,
+    PRUNABLE_FRACTION,
+    STOCK,
+    UNPRUNED_METRIC,
+    UNPRUNED_MODEL,
+    checkpoint_method,
+    kind_method,
+    kv_groups_label,
+)
 from pipeline.methods.pruning import prunable_fraction
 from pipeline.report import plots_template
 from pipeline.report.build import build_report
@@ -46,7 +59,7 @@ def _write_curve(report_dir: Path, methods: dict[str, list[float]], splits=("dev
         summary = {}
         for split in splits:
             fraction, at, base = prunable_fraction(curve, IMPORTANCE, split, metric)
-            summary[split] = {"prunable_fraction_within_1pt": fraction, "metric_at_prunable": at, "unpruned": base}
+            summary[split] = {PRUNABLE_FRACTION: fraction, METRIC_AT_PRUNABLE: at, UNPRUNED_METRIC: base}
         (report_dir / "prune.json").write_text(json.dumps(summary))
 
 
@@ -316,9 +329,9 @@ def test_shipped_template_is_offline() -> None:
 
 def test_an_llm_report_sets_kv_cache_savings_and_the_anchor_tools_beside_this_run(tmp_path: Path) -> None:
     _write_curve(tmp_path, {IMPORTANCE: IMPORTANCE_TEST, "magnitude": RANDOM_TEST, "activation": RANDOM_TEST})
-    (tmp_path / "prune.json").write_text(json.dumps({"kv_groups": {"0.5": {"kv_heads": [1] * 6, "stock": True}}}))
+    (tmp_path / "prune.json").write_text(json.dumps({KV_GROUPS_SUMMARY: {"0.5": {KV_HEADS: [1] * 6, STOCK: True}}}))
     rows = []
-    for model, kv, ideal_kv, ideal_flops in (("unpruned", 3072, 1.0, 1.0), ("50% of KV groups", 1536, 2.0, 1.16)):
+    for model, kv, ideal_kv, ideal_flops in ((UNPRUNED_MODEL, 3072, 1.0, 1.0), (kv_groups_label(0.5), 1536, 2.0, 1.16)):
         for phase in ("prefill", "decode"):
             for batch in (1, 32):
                 rows.append(dict(model=model, batch_size=batch, phase=phase, tokens_per_s=1000.0 * ideal_flops,

@@ -37,7 +37,7 @@ from pipeline.core.sites import PrunedShape, attention_sites, family_of, ffn_sit
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.artifacts import reading
 from pipeline.files.atomic import staged_dir
-from pipeline.files.schema import PRUNING_FILE
+from pipeline.files.schema import NOT_STOCK_BECAUSE, PRUNING_FILE, STOCK
 
 log = logging.getLogger("pipeline")
 
@@ -218,9 +218,9 @@ def save_model(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
     form; the pruning record says which, and why a stock load is impossible."""
     config, why_not = stock_config(model)
     record = pruning_record(model)
-    record["stock"] = config is not None
+    record[STOCK] = config is not None
     if config is None:
-        record["not_stock_because"] = why_not
+        record[NOT_STOCK_BECAUSE] = why_not
         log.info("save: %s is in the project's format (load it with pipeline.core.checkpoint.load_model): %s",
                  path, why_not)
     with staged_dir(path) as staging:
@@ -303,7 +303,7 @@ def load_model(path: str | Path, model_class: type | None = None, trust_remote_c
             except json.JSONDecodeError as error:
                 raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
             _format_version(record, record_file)
-    if record is None or record.get("stock"):
+    if record is None or record.get(STOCK):
         config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         cls = model_class or _model_class(config)
         weights = local / "model.safetensors"

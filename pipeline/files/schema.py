@@ -144,6 +144,39 @@ BENCHMARK_TIMINGS = frozenset({"examples_per_s", "tokens_per_s", "speedup", "spe
                                "speedup_max", "floor_share", "bound_speedup"})
 
 
+# --- prune.json: the prune stage's summary, which the report quotes ---------------------------------------
+# Per evaluation split: the largest fraction of heads pruned within TOLERANCE on the importance curve, the metric
+# there, and the unpruned model's.
+PRUNABLE_FRACTION, METRIC_AT_PRUNABLE = "prunable_fraction_within_1pt", "metric_at_prunable"
+UNPRUNED_METRIC = "unpruned"
+RANK_CORRELATION = "importance_rank_correlation_with_final"  # Figure 6: {checkpoint step: Spearman rho}
+# {fraction of KV groups removed: {KV_HEADS: [per layer], STOCK: bool[, NOT_STOCK_BECAUSE: why]}}; STOCK and
+# NOT_STOCK_BECAUSE say the same of a pruned folder in its PRUNING_FILE (pipeline/core/checkpoint.py).
+KV_GROUPS_SUMMARY, KV_HEADS, STOCK, NOT_STOCK_BECAUSE = "kv_groups", "kv_heads", "stock", "not_stock_because"
+# The budgeted comparison (pipeline/methods/comparison.py): the cost cut (prune.budgeted.budget), the seconds of
+# each part (WHOLE_PRUNE: Kwon's headline cost, Fisher pass to tuned model), the FFN widths' multiple with what
+# budgeted-tuned scores without it (UNROUNDED), by level whether budgeted-tuned kept its tuning and where
+# budgeted-heads' heads came from, per split each method's metric at each level, and under a latency budget the
+# per-layer timings measured (LATENCY_TABLE).
+BUDGETED_SUMMARY, BUDGET, SECONDS, WIDTHS = "budgeted", "budget", "seconds", "widths"
+MULTIPLE, UNROUNDED, WHOLE_PRUNE, LATENCY_TABLE = "multiple", "unrounded", "whole_prune", "latency_table"
+TUNING_KEPT, HEADS_FROM = "tuning_kept", "heads_from"
+
+
+def at_level(name: str, level: float) -> str:
+    """A summary key for `name` (a method, a split, a part of the prune) at a budget level: "budgeted-tuned@0.4"."""
+    return f"{name}@{level:g}"
+
+
+# The `model` labels of llm_benchmark.csv: the reference, and the pruned models the report looks up.
+UNPRUNED_MODEL = "unpruned"
+
+
+def kv_groups_label(fraction: float) -> str:
+    """The serving-shape model with `fraction` of every layer's KV groups removed: 0.5 -> "50% of KV groups"."""
+    return f"{fraction:.0%} of KV groups"
+
+
 # --- the tables an experiment writes (reports/<experiment>/): the columns every reader relies on ------
 LAYERS_TABLE = "budgeted_layers.csv"
 TABLE_COLUMNS = {

@@ -17,7 +17,23 @@ from tqdm.auto import tqdm
 
 from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice
 from pipeline.core.sites import attention_sites, ffn_sites
-from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_TUNED, LAYERS_TABLE, PAPER, TABLE_COLUMNS, loss_against
+from pipeline.files.schema import (
+    BUDGET,
+    BUDGETED_HEADS,
+    BUDGETED_TUNED,
+    HEADS_FROM,
+    LAYERS_TABLE,
+    MULTIPLE,
+    PAPER,
+    SECONDS,
+    TABLE_COLUMNS,
+    TUNING_KEPT,
+    UNROUNDED,
+    WHOLE_PRUNE,
+    WIDTHS,
+    at_level,
+    loss_against,
+)
 from pipeline.methods.bench import random_inputs
 from pipeline.methods.budgeted import (
     Batches,
@@ -123,7 +139,7 @@ def budgeted_curves(
         except BudgetError:
             continue
         took = sum(result.seconds.values())
-        seconds[f"{method}@{level:g}"] = round(took, 2)
+        seconds[at_level(method, level)] = round(took, 2)
         if method == BUDGETED_TUNED:
             tuning_kept[f"{level:g}"] = result.tuned
             if level in keep_models_at:
@@ -131,7 +147,8 @@ def budgeted_curves(
                 if neuron_multiple > 1:
                     unrounded[level] = prune(neuron_multiple=1).model
                     measured = evaluator.evaluate(unrounded[level])
-                    unrounded_metrics |= {f"{split}@{level:g}": round(measured[split], 4) for split in evaluator.evals}
+                    unrounded_metrics |= {at_level(split, level): round(measured[split], 4)
+                                          for split in evaluator.evals}
         if method == BUDGETED_HEADS and calibration:
             heads_from[f"{level:g}"] = result.heads_from
         add(method, level, result.model, took)
@@ -203,7 +220,7 @@ def budgeted_comparison(
     (`flag_collapses`). The summary records where the tuning was kept, which candidate budgeted-heads' heads came
     from, the seconds each part took, Kwon's headline cost (one whole budgeted-tuned prune, from the Fisher pass
     to the tuned model) and every metric. `width_multiple` "auto" measures the neuron multiple on this device at
-    `width_probe_tokens` tokens (`probe_width_multiple`); the summary's "widths" holds it, the probe's
+    `width_probe_tokens` tokens (`probe_width_multiple`); the summary's WIDTHS holds it, the probe's
     efficiencies and the metrics budgeted-tuned has without it."""
     start = time.perf_counter()
     widths: dict = {}
@@ -215,7 +232,7 @@ def budgeted_comparison(
         width_multiple = probe_result.multiple
         widths = {"probe_efficiency": {str(m): e for m, e in probe_result.efficiency.items()}}
         probe_seconds = {"width_probe": round(time.perf_counter() - start, 2)}
-    widths = {"multiple": width_multiple, **widths}
+    widths = {MULTIPLE: width_multiple, **widths}
     start = time.perf_counter()
     gradients = gate_gradients(model, fisher_batches)
     timings = None
@@ -230,17 +247,17 @@ def budgeted_comparison(
                              first_token_last_layer, keep_models_at, choice, calibration, head_importance,
                              width_multiple)
     table = flag_collapses(curves.table, metric, collapse)
-    summary: dict = {"budget": budget,
-                     "seconds": {**probe_seconds, "fisher_and_costs": round(setup_seconds, 2), **curves.seconds},
-                     "widths": widths | ({"unrounded": curves.unrounded_metrics} if curves.unrounded_metrics else {})}
+    summary: dict = {BUDGET: budget,
+                     SECONDS: {**probe_seconds, "fisher_and_costs": round(setup_seconds, 2), **curves.seconds},
+                     WIDTHS: widths | ({UNROUNDED: curves.unrounded_metrics} if curves.unrounded_metrics else {})}
     if curves.tuning_kept:
-        summary["tuning_kept"] = curves.tuning_kept
+        summary[TUNING_KEPT] = curves.tuning_kept
     if curves.heads_from:
-        summary["heads_from"] = curves.heads_from
+        summary[HEADS_FROM] = curves.heads_from
     for level in curves.models:
-        summary["seconds"][f"whole_prune@{level:g}"] = round(
-            setup_seconds + curves.seconds[f"{BUDGETED_TUNED}@{level:g}"], 2)
+        summary[SECONDS][at_level(WHOLE_PRUNE, level)] = round(
+            setup_seconds + curves.seconds[at_level(BUDGETED_TUNED, level)], 2)
     for split in evaluator.evals:
         rows = table[table.split == split]
-        summary[split] = {f"{r.method}@{r.budget_removed:g}": round(r.metric, 4) for r in rows.itertuples()}
+        summary[split] = {at_level(r.method, r.budget_removed): round(r.metric, 4) for r in rows.itertuples()}
     return BudgetedComparison(table, curves.layers, summary, curves.models, timings, curves.unrounded)

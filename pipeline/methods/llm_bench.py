@@ -35,6 +35,7 @@ from pipeline.core.importance import HeadChoice
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
+from pipeline.files.schema import UNPRUNED_MODEL, kv_groups_label
 from pipeline.methods.bench import (
     on_device,
     peak_allocated_mib,
@@ -226,8 +227,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                      f"{args.turn_seconds}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    pruned_label = f"{args.fraction:.0%} of KV groups removed"
-    models = {"unpruned": random_llama(), pruned_label: without_kv_groups(random_llama(), args.fraction)}
+    models = {UNPRUNED_MODEL: random_llama(), kv_groups_label(args.fraction): without_kv_groups(random_llama(),
+                                                                                              args.fraction)}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {args.prompt_tokens} tokens, "
           f"{args.new_tokens} new, median of {args.repeats} interleaved rounds", flush=True)
     table = llm_benchmark(models, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats,

@@ -42,10 +42,14 @@ import pandas as pd
 from pipeline.files.artifacts import read_table, reading
 from pipeline.files.schema import (
     BLEU,
+    BUDGET,
+    BUDGETED_SUMMARY,
     EVAL_SPLITS,
     KINDS,
     LAYERS_TABLE,
     LOWER_IS_BETTER,
+    SECONDS,
+    WHOLE_PRUNE,
     checkpoint_method,
     kind_method,
 )
@@ -236,11 +240,16 @@ class Inputs:
     @property
     def budget_name(self) -> str:
         """The cost the budgeted methods cut, as the report says it: "FLOPs" or "latency"."""
-        return "latency" if ((self.prune or {}).get("budgeted") or {}).get("budget") == "latency" else "FLOPs"
+        return "latency" if self.budgeted_summary.get(BUDGET) == "latency" else "FLOPs"
+
+    @property
+    def budgeted_summary(self) -> dict:
+        """prune.json's summary of the budgeted comparison ({} when there is none)."""
+        return (self.prune or {}).get(BUDGETED_SUMMARY) or {}
 
     @property
     def whole_prune_seconds(self) -> float | None:
         """Seconds of one whole budgeted-tuned prune, Fisher pass to tuned model (None: not measured)."""
-        seconds = ((self.prune or {}).get("budgeted") or {}).get("seconds") or {}
-        whole = [v for k, v in seconds.items() if k.startswith("whole_prune@")]
+        seconds = self.budgeted_summary.get(SECONDS) or {}
+        whole = [v for k, v in seconds.items() if k.startswith(f"{WHOLE_PRUNE}@")]
         return float(whole[0]) if whole else None

@@ -16,11 +16,19 @@ from pipeline.files.schema import (
     IMPORTANCE,
     KIND_LABELS,
     KINDS,
+    KV_GROUPS_SUMMARY,
+    METRIC_AT_PRUNABLE,
+    NOT_STOCK_BECAUSE,
     PAPER,
+    PRUNABLE_FRACTION,
     RANDOM,
+    RANK_CORRELATION,
+    STOCK,
+    UNPRUNED_METRIC,
     checkpoint_method,
     improvement,
     kind_method,
+    kv_groups_label,
     tolerance_text,
     within_tolerance,
 )
@@ -78,7 +86,7 @@ def _prunable(inp: Inputs) -> str | None:
         # What the prune stage found on its importance curve (`prunable_fraction`), as it wrote it to prune.json.
         found = (inp.prune or {}).get(split)
         if found is not None:
-            frac, metric, base = found["prunable_fraction_within_1pt"], found["metric_at_prunable"], found["unpruned"]
+            frac, metric, base = found[PRUNABLE_FRACTION], found[METRIC_AT_PRUNABLE], found[UNPRUNED_METRIC]
             parts.append(f"{pct(frac)} of heads on {split} ({num(base)} -> {num(metric)})")
     if not parts:
         return None
@@ -220,7 +228,7 @@ def _cross_collapse(inp: Inputs) -> str | None:
 
 def _early_importance(inp: Inputs) -> str | None:
     """Figure 6 (Section 6): which heads matter is settled early in training, and robustness to pruning grows."""
-    correlation = (inp.prune or {}).get("importance_rank_correlation_with_final")
+    correlation = (inp.prune or {}).get(RANK_CORRELATION)
     curve = inp.curve
     if not correlation or curve is None:
         return None
@@ -438,14 +446,14 @@ def llm_anchor_sentences(inp: Inputs, split: str = TEST, fraction: float = 0.5) 
             sentences.append(f"{ANCHORS['minitron']}; its activation criterion, chosen here as importance is, gives "
                              f"{split} {name} {num(activation)} at {pct(fraction)} of query heads removed, "
                              f"against {num(ours)} for importance.")
-    serving = (inp.prune or {}).get("kv_groups") or {}
+    serving = (inp.prune or {}).get(KV_GROUPS_SUMMARY) or {}
     bench = inp.llm_benchmark
     for fraction, saved in serving.items():
-        rows = None if bench is None else bench[bench.model == f"{float(fraction):.0%} of KV groups"]
+        rows = None if bench is None else bench[bench.model == kv_groups_label(float(fraction))]
         if rows is None or rows.empty:
             continue
-        form = ("a stock Hugging Face folder that from_pretrained loads with no project code" if saved["stock"]
-                else f"the project's format ({saved.get('not_stock_because', '')})")
+        form = ("a stock Hugging Face folder that from_pretrained loads with no project code" if saved[STOCK]
+                else f"the project's format ({saved.get(NOT_STOCK_BECAUSE, '')})")
         sentences.append(f"{ANCHORS['llm_pruner']}; here the model with {pct(float(fraction))} of every layer's KV "
                          f"groups removed is {form}, and its KV cache holds "
                          f"{num(float(rows.kv_bytes_per_token.iloc[0]), 0)} bytes per token, "

@@ -19,7 +19,10 @@ from pipeline.files.schema import (
     EVAL_SPLITS,
     IMPORTANCE,
     KIND_LABELS,
+    MULTIPLE,
     PAPER,
+    UNROUNDED,
+    WIDTHS,
     improvement,
 )
 from pipeline.report import figures
@@ -196,16 +199,16 @@ def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
     doc.figure("budgeted_speed.png", figures.budgeted_speed(rows),
                "Measured speedup of the saved models against batch size, with the rounds' range, beside the ideal "
                "from FLOPs" + (" and the bound the floor sets." if bounded else "."))
-    widths = ((inp.prune or {}).get("budgeted") or {}).get("widths") or {}
-    if widths.get("unrounded"):
+    widths = inp.budgeted_summary.get(WIDTHS) or {}
+    if widths.get(UNROUNDED):
         costs = []
-        for key, unrounded in widths["unrounded"].items():
+        for key, unrounded in widths[UNROUNDED].items():
             split, level = key.split("@")
             rounded = budgeted_at(inp.budgeted, split, BUDGETED_TUNED, float(level))
             if rounded is not None:
                 costs.append(f"{split} at {pct(float(level))} removed: {num(rounded)} rounded, {num(unrounded)} as "
                              f"searched ({signed(rounded - unrounded)})")
-        doc.p(f"FFN widths rounded to multiples of {widths['multiple']} neurons (`prune.budgeted.width_multiple`, "
+        doc.p(f"FFN widths rounded to multiples of {widths[MULTIPLE]} neurons (`prune.budgeted.width_multiple`, "
               f"measured on this device: the smallest multiple within 3% of the best FLOP-ideal speed). What it costs "
               f"in {inp.metric_name}: " + "; ".join(costs) + ".")
 
