@@ -5,9 +5,9 @@ percent (0-100) or BLEU points, so "1 point" is 1.0 everywhere.
 
 Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the required ones):
     finetune.json       {"metric", "dev", "test", "model", "data", optional "data_attribution"}
-    prune.json          {optional per split: {"prunable_fraction_within_1pt", "metric_at_prunable", "unpruned"},
-                         optional "budgeted": {"budget", "seconds"},
-                         optional "importance_rank_correlation_with_final": {step: rho}}
+    prune.json          optional per split the prunable fraction, the budgeted comparison's summary, the KV-group
+                        models and the rank correlations: the keys and their shapes are `pipeline.files.schema`'s
+                        "prune.json" section
     importance.csv      kind, layer, head, importance            (per-layer normalised)
     ablation.csv        kind, layer, head, metric, delta, p_value [, examples]
                         (one head masked; delta = masked - full)
