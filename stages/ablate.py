@@ -22,7 +22,7 @@ import torch
 
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import ALPHA
+from pipeline.files.schema import ABLATE_SUMMARY, ABLATION_TABLE, ALPHA, ONE_GROUP_TABLE, ONE_HEAD_TABLE
 from pipeline.methods.ablation import ablation_tables, one_group_table, sharded_ablation_tables
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import ClassificationEval, TaskEval
@@ -38,7 +38,7 @@ def model_and_eval(params_file: str) -> tuple[torch.nn.Module, TaskEval]:
     if exp.is_language_modeling:
         return model, exp.lm_eval(p.ablate.split, p.ablate.max_examples)
     eval_set = exp.eval_sets((p.ablate.split,), p.ablate.max_examples)[p.ablate.split]
-    return model, ClassificationEval(eval_set, exp.task()["metric"], exp.runtime)
+    return model, ClassificationEval(eval_set, exp.metric, exp.runtime)
 
 
 def main() -> None:
@@ -53,8 +53,8 @@ def main() -> None:
     else:
         ablation, one_head = ablation_tables(model, task_eval, p.ablate.n_resamples, p.seed)
     ablation["examples"] = len(task_eval)
-    write_csv(exp.reports / "ablation.csv", ablation)
-    write_csv(exp.reports / "one_head.csv", one_head)
+    write_csv(exp.reports / ABLATION_TABLE, ablation)
+    write_csv(exp.reports / ONE_HEAD_TABLE, one_head)
     significant = ablation[ablation.p_value < ALPHA]
     summary = {"split": p.ablate.split, "examples": len(task_eval), "heads": len(ablation),
                "significant": len(significant), "significant_improving": int((significant.delta > 0).sum()),
@@ -62,9 +62,9 @@ def main() -> None:
                "worst_one_head_delta": round(float(one_head.delta.min()), 4)}
     if exp.is_language_modeling:  # grouped-query attention: Tables 2/3 with a whole key/value group per layer kept
         one_group = one_group_table(model, task_eval)
-        write_csv(exp.reports / "one_group.csv", one_group)
+        write_csv(exp.reports / ONE_GROUP_TABLE, one_group)
         summary["worst_one_group_delta"] = round(float(one_group.delta.min()), 4) if len(one_group) else None
-    write_json(exp.reports / "ablate.json", summary)
+    write_json(exp.reports / ABLATE_SUMMARY, summary)
     log.info("ablate (%s, %d examples): %d of %d single-head removals significant (p<%g), %d of them improve; "
              "worst delta %.2f, worst one-head layer delta %.2f", p.ablate.split, len(task_eval),
              summary["significant"], summary["heads"], ALPHA, summary["significant_improving"],

@@ -30,7 +30,11 @@ import torch
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import (
+    BENCHMARK_SUMMARY,
+    BENCHMARK_TABLE,
+    BUDGETED_BENCHMARK_TABLE,
     FULL_WIDTHS,
+    LLM_BENCHMARK_TABLE,
     ROUNDED_WIDTHS,
     SEARCHED_WIDTHS,
     TABLE_COLUMNS,
@@ -106,7 +110,7 @@ def language_model(exp: Experiment, runtime: Runtime) -> pd.DataFrame:
 
 def language_model_stage(exp: Experiment) -> None:
     table = pd.concat([language_model(exp, runtime) for runtime in runtimes(exp)], ignore_index=True)
-    write_csv(exp.reports / "llm_benchmark.csv", table)
+    write_csv(exp.reports / LLM_BENCHMARK_TABLE, table)
     largest = max(exp.params.benchmark.batch_sizes)
     summary: dict = {}
     for r in table[table.batch_size == largest].itertuples():
@@ -119,7 +123,7 @@ def language_model_stage(exp: Experiment) -> None:
             log.info("benchmark: %s, decode at batch %d, %s %s: %.0f tokens/s, speedup %.3f (ideal %.3f from FLOPs, "
                      "%.3f from KV bytes), %.0f KV bytes/token", r.model, largest, r.device, r.precision,
                      r.tokens_per_s, r.speedup, r.ideal_speedup_flops, r.ideal_speedup_kv, r.kv_bytes_per_token)
-    write_json(exp.reports / "benchmark.json", summary)
+    write_json(exp.reports / BENCHMARK_SUMMARY, summary)
 
 
 def budgeted_models(exp: Experiment, levels: list[float]) -> dict[tuple[float, str], object]:
@@ -168,10 +172,10 @@ def main() -> None:
         for runtime in each:
             tables.append((translation if exp.is_translation else classification)(exp, models, runtime))
     table = pd.concat(tables, ignore_index=True)
-    write_csv(exp.reports / "benchmark.csv", table)
+    write_csv(exp.reports / BENCHMARK_TABLE, table)
     # A level the budget could not reach (the prune stage logs it) has no model to measure.
     levels = [lv for lv in exp.params.prune.budgeted.save_levels if exp.budgeted_dir(lv).is_dir()]
-    budgeted = pd.DataFrame(columns=TABLE_COLUMNS["benchmark_budgeted.csv"])
+    budgeted = pd.DataFrame(columns=TABLE_COLUMNS[BUDGETED_BENCHMARK_TABLE])
     if levels and not exp.is_translation:
         rows = []
         for impl in b.attn_implementations:
@@ -191,9 +195,9 @@ def main() -> None:
                      "speedup %.3f [range %.3f, %.3f] (ideal %.3f, bound %.3f)", 100 * r.budget_removed, r.widths,
                      r.batch_size, r.attn_implementation, r.device, r.precision, r.speedup, r.speedup_min,
                      r.speedup_max, r.ideal_speedup, r.bound_speedup)
-    write_csv(exp.reports / "benchmark_budgeted.csv", budgeted)
+    write_csv(exp.reports / BUDGETED_BENCHMARK_TABLE, budgeted)
     largest = max(b.batch_sizes)
-    write_json(exp.reports / "benchmark.json", headline_speedups(table, budgeted, largest))
+    write_json(exp.reports / BENCHMARK_SUMMARY, headline_speedups(table, budgeted, largest))
     for r in table[table.batch_size == largest].itertuples():
         log.info("benchmark: %.0f%% pruned, batch %d, %s, %s %s: %.1f examples/s, speedup %.3f (ideal %.3f)",
                  100 * r.fraction_pruned, r.batch_size, r.attn_implementation, r.device, r.precision,

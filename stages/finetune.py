@@ -19,7 +19,19 @@ from transformers import LlamaConfig, MarianConfig
 
 from pipeline.core.checkpoint import save_model
 from pipeline.files.atomic import staged_dir, write_csv, write_json
-from pipeline.files.schema import BLEU, EVAL_SPLITS, PERPLEXITY, SPLITS, checkpoint_name
+from pipeline.files.schema import (
+    BLEU,
+    EVAL_SPLITS,
+    FINETUNE_SUMMARY,
+    PERPLEXITY,
+    SPLITS,
+    TASK_DATA,
+    TASK_DATA_ATTRIBUTION,
+    TASK_METRIC,
+    TASK_MODEL,
+    TRAINING_LOSS_TABLE,
+    checkpoint_name,
+)
 from pipeline.lm.llama import new_llama
 from pipeline.lm.perplexity import unigram_perplexity
 from pipeline.lm.training import LanguageModelTrainConfig, train_language_model
@@ -29,6 +41,17 @@ from pipeline.mt.training import TranslationTrainConfig, train_translation
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import evaluate
 from pipeline.training.classification import TrainConfig, finetune
+
+
+def described(task: dict) -> dict:
+    """What finetune.json repeats of task.json for the report's title and credits: the model, the data and its
+    attribution."""
+    return {key: task[key] for key in (TASK_MODEL, TASK_DATA, TASK_DATA_ATTRIBUTION)}
+
+
+def write_training_loss(exp: Experiment, losses: list[float]) -> None:
+    """The loss of every optimisation step of a model trained from scratch (a DVC plot); empty for one pruned as is."""
+    write_csv(exp.reports / TRAINING_LOSS_TABLE, pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))
 
 
 def classification(exp: Experiment) -> None:
@@ -47,15 +70,14 @@ def classification(exp: Experiment) -> None:
     with exp.runtime.autocast():
         # Also the splits beyond train/dev/test that the data brings (MNLI's mismatched validation set).
         extra = tuple(split for split in exp.splits() if split not in SPLITS)
-        scores = {split: evaluate(model, es, task["metric"])[0]
+        scores = {split: evaluate(model, es, task[TASK_METRIC])[0]
                   for split, es in exp.eval_sets((*EVAL_SPLITS, *extra)).items()}
     save_model(model, exp.finetuned_dir, tokenizer)
-    write_json(exp.reports / "finetune.json", {
-        "metric": task["metric"], **scores, "model": task["model"], "data": task["data"],
-        "data_attribution": task["data_attribution"], "train_steps": len(losses),
+    write_json(exp.reports / FINETUNE_SUMMARY, {
+        TASK_METRIC: task[TASK_METRIC], **scores, **described(task), "train_steps": len(losses),
         "train_loss_last": losses[-1] if losses else None, "train_seconds": round(seconds),
     })
-    log.info("finetune: %s dev %.2f, test %.2f (%d steps, %.0f s)", task["metric"], scores["dev"], scores["test"],
+    log.info("finetune: %s dev %.2f, test %.2f (%d steps, %.0f s)", task[TASK_METRIC], scores["dev"], scores["test"],
              len(losses), seconds)
 
 
@@ -88,11 +110,10 @@ def translation(exp: Experiment) -> None:
             hypotheses = task_eval(model)[1]
         scores[split], signature = bleu(hypotheses, task_eval.references)
     exp.save(model, exp.finetuned_dir)
-    write_csv(exp.reports / "training_loss.csv", pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))
-    write_json(exp.reports / "finetune.json", {
-        "metric": BLEU, **scores, "bleu_signature": signature, "num_beams": p.translate.num_beams,
-        "model": task["model"], "data": task["data"], "data_attribution": task["data_attribution"],
-        "train_steps": len(losses), "train_loss_last": losses[-1] if losses else None,
+    write_training_loss(exp, losses)
+    write_json(exp.reports / FINETUNE_SUMMARY, {
+        TASK_METRIC: BLEU, **scores, "bleu_signature": signature, "num_beams": p.translate.num_beams,
+        **described(task), "train_steps": len(losses), "train_loss_last": losses[-1] if losses else None,
         "train_seconds": round(seconds),
     })
     log.info("finetune: BLEU dev %.2f, test %.2f (beam %d; %d steps, %.0f s)", scores["dev"], scores["test"],
@@ -117,11 +138,10 @@ def language_modeling(exp: Experiment) -> None:
     train, test = exp.split("train")["input_ids"][:], exp.split("test")["input_ids"][:]
     unigram = unigram_perplexity(train, test, model.config.vocab_size)
     exp.save(model, exp.finetuned_dir)
-    write_csv(exp.reports / "training_loss.csv", pd.DataFrame({"step": range(1, len(losses) + 1), "loss": losses}))
-    write_json(exp.reports / "finetune.json", {
-        "metric": PERPLEXITY, **scores, "test_unigram": unigram, "model": task["model"], "data": task["data"],
-        "data_attribution": task["data_attribution"], "texts": task["texts"], "tokens": task["tokens"],
-        "train_steps": len(losses), "train_loss_last": losses[-1] if losses else None,
+    write_training_loss(exp, losses)
+    write_json(exp.reports / FINETUNE_SUMMARY, {
+        TASK_METRIC: PERPLEXITY, **scores, "test_unigram": unigram, **described(task), "texts": task["texts"],
+        "tokens": task["tokens"], "train_steps": len(losses), "train_loss_last": losses[-1] if losses else None,
         "train_seconds": round(seconds),
     })
     log.info("finetune: perplexity dev %.2f, test %.2f (unigram baseline on test %.2f; %d steps, %.0f s)",

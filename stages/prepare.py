@@ -19,7 +19,19 @@ from pathlib import Path
 import datasets
 
 from pipeline.files.atomic import staged_dir, write_json
-from pipeline.files.schema import BLEU, DEFAULT, LANGUAGE_MODELING, PERPLEXITY, SCRATCH, TASK_FILE, TRANSLATION
+from pipeline.files.schema import (
+    BLEU,
+    DEFAULT,
+    LANGUAGE_MODELING,
+    PERPLEXITY,
+    SCRATCH,
+    TASK_DATA,
+    TASK_DATA_ATTRIBUTION,
+    TASK_FILE,
+    TASK_METRIC,
+    TASK_MODEL,
+    TRANSLATION,
+)
 from pipeline.lm.llama import llama_config
 from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
@@ -53,8 +65,8 @@ def classification(exp: Experiment) -> None:
     splits, info = load_task(spec, seed=p.seed)
     tokenized = tokenize_splits(splits, exp.tokenizer(), info.text_column, info.text_pair_column, p.data.max_length)
     model_name = DEFAULT_MODEL_NAME if p.model.name_or_path == DEFAULT else p.model.name_or_path
-    save_splits(exp, tokenized, {**dataclasses.asdict(info), "model": model_name, "data": data_name,
-                                 "data_attribution": attribution})
+    save_splits(exp, tokenized, {**dataclasses.asdict(info), TASK_MODEL: model_name, TASK_DATA: data_name,
+                                 TASK_DATA_ATTRIBUTION: attribution})
     log.info("prepare: %s -> %s, metric %s", data_name, {s: len(d) for s, d in tokenized.items()}, info.metric)
 
 
@@ -85,8 +97,8 @@ def translation(exp: Experiment) -> None:
         model_name = m.name_or_path
     tokenized = tokenize_pairs(raw, exp.tokenizer(), d.max_length)
     data_name = MT_DATA_NAME if d.source == DEFAULT else d.source
-    save_splits(exp, tokenized, {"task": TRANSLATION, "metric": BLEU, "model": model_name, "data": data_name,
-                                 "data_attribution": MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
+    save_splits(exp, tokenized, {"task": TRANSLATION, TASK_METRIC: BLEU, TASK_MODEL: model_name, TASK_DATA: data_name,
+                                 TASK_DATA_ATTRIBUTION: MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
     log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in tokenized.items()})
 
 
@@ -110,10 +122,10 @@ def language_modeling(exp: Experiment) -> None:
         model_name = m.name_or_path
     tokenized = tokenize_texts(raw, exp.tokenizer(), d.max_length)
     data_name = LM_DATA_NAME if d.source == DEFAULT else d.source
-    save_splits(exp, tokenized, {"task": LANGUAGE_MODELING, "metric": PERPLEXITY, "model": model_name,
-                                 "data": data_name, "texts": {s: len(t) for s, t in raw.items()},
+    save_splits(exp, tokenized, {"task": LANGUAGE_MODELING, TASK_METRIC: PERPLEXITY, TASK_MODEL: model_name,
+                                 TASK_DATA: data_name, "texts": {s: len(t) for s, t in raw.items()},
                                  "tokens": {s: sum(map(len, t["input_ids"])) for s, t in tokenized.items()},
-                                 "data_attribution": MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
+                                 TASK_DATA_ATTRIBUTION: MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
     log.info("prepare: %s -> %s texts, %s sequences", data_name, {s: len(t) for s, t in raw.items()},
              {s: len(ds) for s, ds in tokenized.items()})
 
@@ -135,8 +147,8 @@ def fairseq(exp: Experiment) -> None:
     except ValueError as error:
         raise SystemExit(f"error: data.references: {error}") from None
     data_name = f"{m.data_bin} ({source_lang}-{target_lang})"
-    save_splits(exp, splits, {"task": TRANSLATION, "metric": BLEU, "model": fb.describe(model, m.checkpoint),
-                              "data": data_name, "data_attribution": None, "target_lang": target_lang,
+    save_splits(exp, splits, {"task": TRANSLATION, TASK_METRIC: BLEU, TASK_MODEL: fb.describe(model, m.checkpoint),
+                              TASK_DATA: data_name, TASK_DATA_ATTRIBUTION: None, "target_lang": target_lang,
                               "pad_token_id": model.config.pad_token_id})
     log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in splits.items()})
 

@@ -27,10 +27,13 @@ from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import (
     BUDGETED_HEADS,
     BUDGETED_SUMMARY,
+    BUDGETED_TABLE,
     BUDGETED_TUNED,
+    CURVE_TABLE,
     EVAL_SPLITS,
     HEADS_FROM,
     IMPORTANCE,
+    IMPORTANCE_TABLE,
     KV_GROUPS_SUMMARY,
     KV_HEADS,
     LATENCY_TABLE,
@@ -38,12 +41,14 @@ from pipeline.files.schema import (
     METRIC_AT_PRUNABLE,
     NOT_STOCK_BECAUSE,
     PRUNABLE_FRACTION,
+    PRUNE_SUMMARY,
     RANK_CORRELATION,
     SECONDS,
     STOCK,
     TUNING_KEPT,
     UNPRUNED_METRIC,
     WHOLE_PRUNE,
+    name_and_level,
     tolerance_text,
 )
 from pipeline.methods.comparison import LatencyShape, budgeted_comparison, collapse_lines, empty_budgeted_tables
@@ -70,7 +75,7 @@ def sweep_evals(exp: Experiment, max_examples: int | None) -> dict:
     if exp.is_language_modeling:
         return {split: exp.lm_eval(split, max_examples) for split in EVAL_SPLITS}
     sets = exp.eval_sets(max_examples=max_examples)
-    return {split: ClassificationEval(eval_set, exp.task()["metric"], exp.runtime) for split, eval_set in sets.items()}
+    return {split: ClassificationEval(eval_set, exp.metric, exp.runtime) for split, eval_set in sets.items()}
 
 
 def main() -> None:
@@ -107,7 +112,7 @@ def prune(exp: Experiment) -> None:
     levels = pruning_levels(pp.step, pp.max_fraction)
     counts = [heads_for(level, total) for level in levels]
     evaluator = CurveEvaluator(model, evals, probe)
-    importance = importance_by_site(model, exp.reports / "importance.csv")
+    importance = importance_by_site(model, exp.reports / IMPORTANCE_TABLE)
     order = choice.rank(importance, sites)
     lap("load the model and data")
 
@@ -141,9 +146,9 @@ def prune(exp: Experiment) -> None:
         curves += by_step
         lap("checkpoint curves")
     table = pd.concat(curves, ignore_index=True)
-    write_csv(exp.reports / "pruning_curve.csv", table)
+    write_csv(exp.reports / CURVE_TABLE, table)
     for split in evals:
-        fraction, metric, base = prunable_fraction(table, IMPORTANCE, split, exp.task()["metric"])
+        fraction, metric, base = prunable_fraction(table, IMPORTANCE, split, exp.metric)
         summary[split] = {PRUNABLE_FRACTION: fraction, METRIC_AT_PRUNABLE: metric, UNPRUNED_METRIC: base}
 
     b = pp.budgeted
@@ -161,7 +166,7 @@ def prune(exp: Experiment) -> None:
             model, order, probe, CurveEvaluator(model, budget_evals, probe), exp.sample_batches(b.fisher_examples),
             tune_batches, b.methods, b.levels, b.budget, LatencyShape(**b.latency.model_dump()),
             first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels, choice=choice,
-            calibration=calibration, metric=exp.task()["metric"], collapse=b.collapse, head_importance=importance,
+            calibration=calibration, metric=exp.metric, collapse=b.collapse, head_importance=importance,
             width_multiple=b.width_multiple, width_probe_tokens=b.width_probe_tokens)
         for line in collapse_lines(result.table, b.budget):
             log.warning("prune: %s", line)
@@ -184,9 +189,10 @@ def prune(exp: Experiment) -> None:
             log.info("prune: %s at %.0f%% of the %s removed: heads from %s", BUDGETED_HEADS, 100 * float(level),
                      b.budget, source)
         for key, seconds in result.summary[SECONDS].items():
-            if key.startswith(f"{WHOLE_PRUNE}@"):
-                log.info("prune: %s with %s of the %s removed took %.0f s in all", BUDGETED_TUNED,
-                         key.removeprefix(f"{WHOLE_PRUNE}@"), b.budget, seconds)
+            part, level = name_and_level(key)
+            if part == WHOLE_PRUNE:
+                log.info("prune: %s with %.0f%% of the %s removed took %.0f s in all", BUDGETED_TUNED, 100 * level,
+                         b.budget, seconds)
         budgeted_table, budgeted_layers, summary[BUDGETED_SUMMARY] = result.table, result.layers, result.summary
         if result.latency_table is not None:
             summary[BUDGETED_SUMMARY][LATENCY_TABLE] = result.latency_table
@@ -194,12 +200,12 @@ def prune(exp: Experiment) -> None:
     summary[SECONDS] = lap.seconds
     for name, seconds in lap.seconds.items():
         log.info("prune: %s took %.0f s", name, seconds)
-    write_csv(exp.reports / "budgeted_curve.csv", budgeted_table)
+    write_csv(exp.reports / BUDGETED_TABLE, budgeted_table)
     write_csv(exp.reports / LAYERS_TABLE, budgeted_layers)
-    write_json(exp.reports / "prune.json", summary)
+    write_json(exp.reports / PRUNE_SUMMARY, summary)
     prunable = ", ".join(f"{100 * summary[s][PRUNABLE_FRACTION]:.0f}% on {s}" for s in evals)
     log.info("prune: within %s of unpruned, %s of heads can go (importance order)",
-             tolerance_text(exp.task()["metric"]), prunable)
+             tolerance_text(exp.metric), prunable)
 
 
 if __name__ == "__main__":

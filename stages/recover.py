@@ -11,6 +11,7 @@ if __name__ == "__main__":  # the params in a second or two, before the imports 
 import pandas as pd
 
 from pipeline.files.atomic import write_csv
+from pipeline.files.schema import RECOVERY_TABLE
 from pipeline.lm.training import LanguageModelTrainConfig, train_language_model
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import evaluate
@@ -36,9 +37,9 @@ def language_modeling(exp: Experiment) -> list[dict]:
 def main() -> None:
     exp = Experiment.from_cli()
     if exp.is_language_modeling:
-        write_csv(exp.reports / "recovery.csv", pd.DataFrame(language_modeling(exp)))
+        write_csv(exp.reports / RECOVERY_TABLE, pd.DataFrame(language_modeling(exp)))
         return
-    p, task = exp.params, exp.task()
+    p, metric = exp.params, exp.metric
     r = p.recover
     train, tokenizer = exp.splits()["train"], exp.tokenizer()
     test = exp.eval_sets(("test",))["test"]
@@ -48,13 +49,13 @@ def main() -> None:
     for fraction in p.prune.save_fractions:
         model = exp.load(exp.pruned_dir(fraction))
         with exp.runtime.autocast():
-            before = evaluate(model, test, task["metric"])[0]
+            before = evaluate(model, test, metric)[0]
         finetune(model, train, tokenizer, config, runtime=exp.runtime)
         with exp.runtime.autocast():
-            after = evaluate(model, test, task["metric"])[0]
+            after = evaluate(model, test, metric)[0]
         rows.append(dict(fraction_pruned=fraction, metric_before=before, metric_after=after))
         log.info("recover: %.0f%% pruned, test %.2f -> %.2f after %d steps", 100 * fraction, before, after, r.steps)
-    write_csv(exp.reports / "recovery.csv", pd.DataFrame(rows))
+    write_csv(exp.reports / RECOVERY_TABLE, pd.DataFrame(rows))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import pandas as pd
 from pipeline.core.importance import head_importance, normalize_per_layer
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv
+from pipeline.files.schema import IMPORTANCE_TABLE
 from pipeline.run.experiment import Experiment, log
 
 
@@ -27,7 +28,7 @@ def main() -> None:
             for site, n_site, r_site in zip(attention_sites(model), normalised, raw, strict=True)
             for head, (n, r) in enumerate(zip(n_site, r_site, strict=True))]
     table = pd.DataFrame(rows)
-    write_csv(exp.reports / "importance.csv", table)
+    write_csv(exp.reports / IMPORTANCE_TABLE, table)
     top = table.nlargest(3, "importance_raw")
     log.info("score: %d heads scored on %d %s examples; most important: %s", len(table),
              sum(len(b["labels"]) for b in batches), p.score.split,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.params import parse_params
-from pipeline.files.schema import checkpoint_name, checkpoint_step
+from pipeline.files.schema import WHOLE_PRUNE, at_level, checkpoint_name, checkpoint_step, name_and_level
 from pipeline.run.experiment import Experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +40,12 @@ def test_checkpoint_folders_are_found_by_step_and_nothing_else_is(tmp_path, monk
     (exp.checkpoints_dir / "step-latest").mkdir()
     assert exp.checkpoint_dirs() == {step: exp.checkpoints_dir / checkpoint_name(step) for step in (50, 250, 1000)}
     assert list(exp.checkpoint_dirs()) == [50, 250, 1000]
+
+
+def test_summary_keys_give_back_the_name_and_level_they_were_made_of():
+    for name, level in (("budgeted-tuned", 0.4), ("test", 0.05), (WHOLE_PRUNE, 0.6), ("budgeted-heads", 0.0)):
+        assert name_and_level(at_level(name, level)) == (name, level)
+    assert name_and_level("fisher_and_costs") == ("fisher_and_costs", None)  # a part that serves every level
 
 
 def test_params_validation_imports_no_heavy_library():

@@ -29,6 +29,7 @@ import torch
 
 from pipeline.checks.tiny_project import make_tiny_project, run_tool, tiny_params
 from pipeline.core.runtime import RuntimeUnavailable, resolve_runtime
+from pipeline.files.schema import BENCHMARK_TABLE
 from pipeline.methods.bench import throughput_table
 
 FRACTIONS = [0.0, 0.3, 0.5, 0.7]
@@ -77,7 +78,7 @@ def tiny_repro(device: str, precision: str = "bf16", keep: Path | None = None) -
         make_tiny_project(root, params)
         run_tool(["dvc", "repro", "-q"], root, {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
         reports = root / "reports" / params["experiment"]
-        bench = pd.read_csv(reports / "benchmark.csv")
+        bench = pd.read_csv(reports / BENCHMARK_TABLE)
         if not (reports / "report.html").is_file():
             raise RuntimeError(f"no report.html in {reports}")
         return (f"every stage ran; benchmark.csv: {len(bench)} rows on {', '.join(map(str, bench.device.unique()))} "

@@ -168,6 +168,13 @@ def at_level(name: str, level: float) -> str:
     return f"{name}@{level:g}"
 
 
+def name_and_level(key: str) -> tuple[str, float | None]:
+    """The inverse of `at_level`: "budgeted-tuned@0.4" -> ("budgeted-tuned", 0.4); a key of no level (a part of the
+    prune that serves every level, "fisher_and_costs") -> (key, None)."""
+    name, at, level = key.rpartition("@")
+    return (name, float(level)) if at else (key, None)
+
+
 # The `model` labels of llm_benchmark.csv: the reference, and the pruned models the report looks up.
 UNPRUNED_MODEL = "unpruned"
 
@@ -177,32 +184,45 @@ def kv_groups_label(fraction: float) -> str:
     return f"{fraction:.0%} of KV groups"
 
 
-# --- the tables an experiment writes (reports/<experiment>/): the columns every reader relies on ------
-LAYERS_TABLE = "budgeted_layers.csv"
+# --- the files an experiment writes (reports/<experiment>/), which the report and dvc.yaml read -----------
+# The stages' summaries, DVC metrics (dvc.yaml); the report also reads finetune.json and prune.json.
+FINETUNE_SUMMARY, PRUNE_SUMMARY = "finetune.json", "prune.json"
+ABLATE_SUMMARY, BENCHMARK_SUMMARY = "ablate.json", "benchmark.json"
+# task.json's keys (TASK_FILE, written by the prepare stage), which finetune.json repeats for the report: the metric
+# (one of CLASSIFICATION_METRICS, BLEU, PERPLEXITY), the model and data by name, and the data's attribution.
+TASK_METRIC, TASK_MODEL, TASK_DATA, TASK_DATA_ATTRIBUTION = "metric", "model", "data", "data_attribution"
+# The tables, and the columns every reader relies on.
+IMPORTANCE_TABLE, ABLATION_TABLE = "importance.csv", "ablation.csv"
+ONE_HEAD_TABLE, ONE_GROUP_TABLE = "one_head.csv", "one_group.csv"
+CURVE_TABLE, BUDGETED_TABLE, LAYERS_TABLE = "pruning_curve.csv", "budgeted_curve.csv", "budgeted_layers.csv"
+RECOVERY_TABLE, TRAINING_LOSS_TABLE = "recovery.csv", "training_loss.csv"  # the latter: models trained from scratch
+BENCHMARK_TABLE, BUDGETED_BENCHMARK_TABLE, LLM_BENCHMARK_TABLE = (
+    "benchmark.csv", "benchmark_budgeted.csv", "llm_benchmark.csv")
 TABLE_COLUMNS = {
-    "importance.csv": ["kind", "layer", "head", "importance"],
-    "ablation.csv": ["kind", "layer", "head", "metric", "delta", "p_value"],
-    "one_head.csv": ["kind", "layer", "best_head", "metric", "delta"],
-    "one_group.csv": ["kind", "layer", "best_group", "heads", "metric", "delta"],  # grouped-query attention only
-    "pruning_curve.csv": ["method", "split", "fraction_pruned", "metric"],
-    "budgeted_curve.csv": ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
-                           "neurons_pruned", "metric", "examples", "seconds", "collapsed"],
+    IMPORTANCE_TABLE: ["kind", "layer", "head", "importance"],
+    ABLATION_TABLE: ["kind", "layer", "head", "metric", "delta", "p_value"],
+    ONE_HEAD_TABLE: ["kind", "layer", "best_head", "metric", "delta"],
+    ONE_GROUP_TABLE: ["kind", "layer", "best_group", "heads", "metric", "delta"],  # grouped-query attention only
+    CURVE_TABLE: ["method", "split", "fraction_pruned", "metric"],
+    BUDGETED_TABLE: ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
+                     "neurons_pruned", "metric", "examples", "seconds", "collapsed"],
     # What each budgeted model keeps, layer by layer (unit: heads or neurons; of: the unpruned model's count).
     LAYERS_TABLE: ["method", "budget_removed", "unit", "kind", "layer", "kept", "of"],
-    "recovery.csv": ["fraction_pruned", "metric_before", "metric_after"],
+    RECOVERY_TABLE: ["fraction_pruned", "metric_before", "metric_after"],
+    TRAINING_LOSS_TABLE: ["step", "loss"],
     # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
     # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles;
     # speedup_min, speedup_max: its range, the confidence interval for the median (pipeline/methods/bench.py).
-    "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
+    BENCHMARK_TABLE: ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
                       "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "device", "precision"],
     # widths: FULL_WIDTHS (unpruned), ROUNDED_WIDTHS (to the measured neuron multiple), SEARCHED_WIDTHS (without).
     # floor_share: the median over the rounds of a floor model's time (one head and one FFN neuron a layer) over the
     # unpruned model's; bound_speedup: the Amdahl bound that sets on the row's speedup (pipeline/methods/bench.py).
-    "benchmark_budgeted.csv": ["attn_implementation", "batch_size", "budget_removed", "widths", "examples_per_s",
+    BUDGETED_BENCHMARK_TABLE: ["attn_implementation", "batch_size", "budget_removed", "widths", "examples_per_s",
                                "speedup", "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup",
                                "floor_share", "bound_speedup", "params", "device", "precision"],
     # phase: prefill or decode (pipeline/methods/llm_bench.py); ideals from FLOPs and from KV-cache bytes per token.
-    "llm_benchmark.csv": ["model", "batch_size", "phase", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3",
+    LLM_BENCHMARK_TABLE: ["model", "batch_size", "phase", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3",
                           "speedup_min", "speedup_max", "ideal_speedup_flops", "ideal_speedup_kv", "kv_bytes_per_token",
                           "peak_memory_mb", "params", "device", "precision"],
 }

@@ -20,6 +20,7 @@ from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.files.schema import (
     BUDGET,
     BUDGETED_HEADS,
+    BUDGETED_TABLE,
     BUDGETED_TUNED,
     HEADS_FROM,
     LAYERS_TABLE,
@@ -203,7 +204,7 @@ class BudgetedComparison:
 
 def empty_budgeted_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
     """budgeted_curve.csv and budgeted_layers.csv of an experiment with no budgeted methods."""
-    return pd.DataFrame(columns=TABLE_COLUMNS["budgeted_curve.csv"]), pd.DataFrame(columns=TABLE_COLUMNS[LAYERS_TABLE])
+    return pd.DataFrame(columns=TABLE_COLUMNS[BUDGETED_TABLE]), pd.DataFrame(columns=TABLE_COLUMNS[LAYERS_TABLE])
 
 
 def budgeted_comparison(

@@ -227,8 +227,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                      f"{args.turn_seconds}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    models = {UNPRUNED_MODEL: random_llama(), kv_groups_label(args.fraction): without_kv_groups(random_llama(),
-                                                                                              args.fraction)}
+    models = {UNPRUNED_MODEL: random_llama(),
+              kv_groups_label(args.fraction): without_kv_groups(random_llama(), args.fraction)}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {args.prompt_tokens} tokens, "
           f"{args.new_tokens} new, median of {args.repeats} interleaved rounds", flush=True)
     table = llm_benchmark(models, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats,

@@ -6,8 +6,8 @@ percent (0-100) or BLEU points, so "1 point" is 1.0 everywhere.
 Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the required ones):
     finetune.json       {"metric", "dev", "test", "model", "data", optional "data_attribution"}
     prune.json          optional per split the prunable fraction, the budgeted comparison's summary, the KV-group
-                        models and the rank correlations: the keys and their shapes are `pipeline.files.schema`'s
-                        "prune.json" section
+                        models and the rank correlations: the keys and their shapes are in the "prune.json" section
+                        of `pipeline.files.schema`
     importance.csv      kind, layer, head, importance            (per-layer normalised)
     ablation.csv        kind, layer, head, metric, delta, p_value [, examples]
                         (one head masked; delta = masked - full)
@@ -41,17 +41,33 @@ import pandas as pd
 
 from pipeline.files.artifacts import read_table, reading
 from pipeline.files.schema import (
+    ABLATION_TABLE,
+    BENCHMARK_TABLE,
     BLEU,
     BUDGET,
+    BUDGETED_BENCHMARK_TABLE,
     BUDGETED_SUMMARY,
+    BUDGETED_TABLE,
+    CURVE_TABLE,
     EVAL_SPLITS,
+    FINETUNE_SUMMARY,
+    IMPORTANCE_TABLE,
     KINDS,
     LAYERS_TABLE,
+    LLM_BENCHMARK_TABLE,
     LOWER_IS_BETTER,
+    ONE_GROUP_TABLE,
+    ONE_HEAD_TABLE,
+    PRUNE_SUMMARY,
+    RECOVERY_TABLE,
     SECONDS,
+    TASK_DATA,
+    TASK_METRIC,
+    TASK_MODEL,
     WHOLE_PRUNE,
     checkpoint_method,
     kind_method,
+    name_and_level,
 )
 
 ENCODER, DECODER, CROSS = KINDS
@@ -151,25 +167,25 @@ class Inputs:
                 return json.loads(path.read_text())
 
         return cls(
-            finetune=read_json("finetune.json"),
-            prune=read_json("prune.json"),
-            importance=_read_csv(report_dir, "importance.csv"),
-            ablation=_read_csv(report_dir, "ablation.csv"),
-            one_head=_read_csv(report_dir, "one_head.csv"),
-            one_group=_read_csv(report_dir, "one_group.csv"),
-            curve=_read_csv(report_dir, "pruning_curve.csv"),
-            recovery=_read_csv(report_dir, "recovery.csv"),
-            benchmark=_read_csv(report_dir, "benchmark.csv"),
-            budgeted=_read_csv(report_dir, "budgeted_curve.csv"),
+            finetune=read_json(FINETUNE_SUMMARY),
+            prune=read_json(PRUNE_SUMMARY),
+            importance=_read_csv(report_dir, IMPORTANCE_TABLE),
+            ablation=_read_csv(report_dir, ABLATION_TABLE),
+            one_head=_read_csv(report_dir, ONE_HEAD_TABLE),
+            one_group=_read_csv(report_dir, ONE_GROUP_TABLE),
+            curve=_read_csv(report_dir, CURVE_TABLE),
+            recovery=_read_csv(report_dir, RECOVERY_TABLE),
+            benchmark=_read_csv(report_dir, BENCHMARK_TABLE),
+            budgeted=_read_csv(report_dir, BUDGETED_TABLE),
             budgeted_layers=_read_csv(report_dir, LAYERS_TABLE),
-            benchmark_budgeted=_read_csv(report_dir, "benchmark_budgeted.csv"),
-            llm_benchmark=_read_csv(report_dir, "llm_benchmark.csv"),
+            benchmark_budgeted=_read_csv(report_dir, BUDGETED_BENCHMARK_TABLE),
+            llm_benchmark=_read_csv(report_dir, LLM_BENCHMARK_TABLE),
         )
 
     @property
     def metric(self) -> str:
         """finetune.json's metric, the key of its direction and tolerance (files/schema.py); "" when unknown."""
-        return str((self.finetune or {}).get("metric", "")).lower()
+        return str((self.finetune or {}).get(TASK_METRIC, "")).lower()
 
     @property
     def is_bleu(self) -> bool:
@@ -177,7 +193,7 @@ class Inputs:
 
     @property
     def metric_name(self) -> str:
-        return "BLEU" if self.is_bleu else str((self.finetune or {}).get("metric", "metric"))
+        return "BLEU" if self.is_bleu else str((self.finetune or {}).get(TASK_METRIC, "metric"))
 
     @property
     def metric_label(self) -> str:
@@ -221,14 +237,14 @@ class Inputs:
     def title(self) -> str:
         """The report's title: the model and the data that finetune.json names."""
         finetune = self.finetune or {}
-        if "model" in finetune and "data" in finetune:
-            return f"Head pruning: {finetune['model']} on {finetune['data']}"
+        if TASK_MODEL in finetune and TASK_DATA in finetune:
+            return f"Head pruning: {finetune[TASK_MODEL]} on {finetune[TASK_DATA]}"
         return "Are Sixteen Heads Really Better than One? - reproduction"
 
     @property
     def task(self) -> str | None:
         """Which of the paper's tasks this run corresponds to, from finetune.json's "data"."""
-        data = str((self.finetune or {}).get("data", "")).lower()
+        data = str((self.finetune or {}).get(TASK_DATA, "")).lower()
         if "mnli" in data:
             return "MNLI"
         if "sst" in data:
@@ -251,5 +267,5 @@ class Inputs:
     def whole_prune_seconds(self) -> float | None:
         """Seconds of one whole budgeted-tuned prune, Fisher pass to tuned model (None: not measured)."""
         seconds = self.budgeted_summary.get(SECONDS) or {}
-        whole = [v for k, v in seconds.items() if k.startswith(f"{WHOLE_PRUNE}@")]
+        whole = [v for k, v in seconds.items() if name_and_level(k)[0] == WHOLE_PRUNE]
         return float(whole[0]) if whole else None

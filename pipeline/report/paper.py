@@ -24,6 +24,8 @@ from pipeline.files.schema import (
     RANDOM,
     RANK_CORRELATION,
     STOCK,
+    TASK_DATA,
+    TASK_MODEL,
     UNPRUNED_METRIC,
     checkpoint_method,
     improvement,
@@ -406,7 +408,7 @@ def side_by_side(inp: Inputs, split: str) -> pd.DataFrame:
                                          f"{KWON['latency_speedup']}x lower latency",
                                          f"under {KWON['minutes']} minutes on {KWON['hardware']}"],
         f"this run ({BUDGETED_TUNED})": [
-            str((inp.finetune or {}).get("model", "")) + ", " + str((inp.finetune or {}).get("data", "")),
+            str((inp.finetune or {}).get(TASK_MODEL, "")) + ", " + str((inp.finetune or {}).get(TASK_DATA, "")),
             "heads + FFN neurons", "none",
             f"{pct(ours_level)} of {cost} ({split})" if ours_level is not None else "none of the levels",
             speed or "not measured", f"{whole:.0f} s on this machine's CPU" if whole is not None else "not measured"],

@@ -21,9 +21,13 @@ from pipeline.files.schema import (
     KIND_LABELS,
     MULTIPLE,
     PAPER,
+    TASK_DATA,
+    TASK_DATA_ATTRIBUTION,
+    TASK_MODEL,
     UNROUNDED,
     WIDTHS,
     improvement,
+    name_and_level,
 )
 from pipeline.report import figures
 from pipeline.report.document import SPREAD_HEADER, SPREAD_IN_BRACKETS, Doc, num, pct, signed, with_spread
@@ -54,13 +58,14 @@ def _setup(doc: Doc, inp: Inputs) -> None:
     if not ft:
         return
     doc.h(1, "Setup")
-    items = [f"Model: {ft['model']}" if "model" in ft else "", f"Data: {ft['data']}" if "data" in ft else ""]
+    items = [f"Model: {ft[TASK_MODEL]}" if TASK_MODEL in ft else "",
+             f"Data: {ft[TASK_DATA]}" if TASK_DATA in ft else ""]
     for split in EVAL_SPLITS:
         if split in ft:
             items.append(f"Unpruned {split} {inp.metric_name}: {num(float(ft[split]))}")
     doc.ul([i for i in items if i])
-    if ft.get("data_attribution"):
-        doc.p(f"Data attribution: {ft['data_attribution']}")
+    if ft.get(TASK_DATA_ATTRIBUTION):
+        doc.p(f"Data attribution: {ft[TASK_DATA_ATTRIBUTION]}")
 
 
 def _curve_groups(curve: pd.DataFrame) -> list[tuple[str | None, str, str, list[str]]]:
@@ -203,10 +208,10 @@ def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
     if widths.get(UNROUNDED):
         costs = []
         for key, unrounded in widths[UNROUNDED].items():
-            split, level = key.split("@")
-            rounded = budgeted_at(inp.budgeted, split, BUDGETED_TUNED, float(level))
+            split, level = name_and_level(key)
+            rounded = budgeted_at(inp.budgeted, split, BUDGETED_TUNED, level)
             if rounded is not None:
-                costs.append(f"{split} at {pct(float(level))} removed: {num(rounded)} rounded, {num(unrounded)} as "
+                costs.append(f"{split} at {pct(level)} removed: {num(rounded)} rounded, {num(unrounded)} as "
                              f"searched ({signed(rounded - unrounded)})")
         doc.p(f"FFN widths rounded to multiples of {widths[MULTIPLE]} neurons (`prune.budgeted.width_multiple`, "
               f"measured on this device: the smallest multiple within 3% of the best FLOP-ideal speed). What it costs "

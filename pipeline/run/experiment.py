@@ -52,6 +52,7 @@ from pipeline.files.schema import (
     PRUNED_DIR,
     SCRATCH,
     TASK_FILE,
+    TASK_METRIC,
     TRANSLATION,
     budgeted_name,
     checkpoint_step,
@@ -188,6 +189,11 @@ class Experiment:
         path = self.data_dir / TASK_FILE
         with reading(path, json.JSONDecodeError, UnicodeDecodeError):
             return json.loads(path.read_text())
+
+    @property
+    def metric(self) -> str:
+        """The metric the prepare stage chose for the data (task.json): accuracy, matthews, f1, bleu or perplexity."""
+        return self.task()[TASK_METRIC]
 
     def splits(self) -> datasets.DatasetDict:
         # In memory: shuffles and selections must never write cache files into a DVC-tracked output.
