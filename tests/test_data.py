@@ -4,6 +4,7 @@ GLUE is tested offline: the one hub call (data.fetch_glue) is replaced by small 
 nyu-mll/glue schema.
 """
 
+import dataclasses
 import json
 
 import datasets
@@ -13,6 +14,7 @@ import pytest
 from transformers import BertTokenizerFast
 
 from pipeline.config.params import DataParams
+from pipeline.files.schema import TASK_METRIC
 from pipeline.tasks import classification as data
 from pipeline.tasks import sources
 from pipeline.tasks.catalog import OFFLINE_TASKS
@@ -75,6 +77,11 @@ def test_rt_snippets_source_gives_binary_accuracy_task(tmp_path):
     assert info == TaskInfo("rt-snippets", 2, ("negative", "positive"), "text", None, "accuracy")
     assert {k: len(v) for k, v in dsd.items()} == {"train": 32, "dev": 4, "test": 4}
     assert dsd["test"].features["label"].dtype == "int64"
+
+
+def test_task_info_written_as_task_json_puts_the_metric_under_the_key_the_stages_read():
+    info = TaskInfo("rt-snippets", 2, ("negative", "positive"), "text", None, "accuracy")
+    assert dataclasses.asdict(info)[TASK_METRIC] == "accuracy"  # the prepare stage writes asdict(info) as task.json
 
 
 # --- the other offline tasks (TREC, disaster tweets) ---------------------------------------------------------
