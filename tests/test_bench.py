@@ -62,16 +62,32 @@ class FakeClock:
         return fn
 
 
-def test_a_turn_calls_cheap_functions_alternately_until_the_turn_is_filled_and_keeps_their_median(monkeypatch):
+def test_a_turn_calls_each_cheap_function_back_to_back_until_the_turn_is_filled_and_keeps_their_median(monkeypatch):
     clock, calls = FakeClock(), []
     monkeypatch.setattr(bench.time, "perf_counter", clock)
     fns = {"a": clock.taking(0.04, calls, "a"), "b": clock.taking(0.02, calls, "b")}
     seconds = spread_times({"X": fns}, rounds=2, turn_seconds=0.1)
     # Warm-up once, then once more since both are cheaper than a turn; the slower fills it in ceil(0.1 / 0.04) calls.
     assert calls[:4] == ["a", "b", "a", "b"]
-    # Each call of a turn starts one later: a b, b a, a b; the next round starts with b.
-    assert calls[4:10] == ["a", "b", "b", "a", "a", "b"] and calls[10:] == ["b", "a", "a", "b", "b", "a"]
+    # Each function's calls run back to back; the next round starts with b.
+    assert calls[4:10] == ["a"] * 3 + ["b"] * 3 and calls[10:] == ["b"] * 3 + ["a"] * 3
     assert seconds == {"X": {"a": [pytest.approx(0.04)] * 2, "b": [pytest.approx(0.02)] * 2}}
+
+
+def test_a_model_is_timed_warm_so_the_slowdown_after_another_models_call_does_not_count(monkeypatch):
+    # Each function runs five times slower when the call before it was the other one's (its weights evicted from
+    # the caches): only the first call of a turn pays it, and the turn's median leaves it out.
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+
+    def model(name: str):
+        def fn() -> None:
+            clock.now += 0.01 if calls and calls[-1] == name else 0.05
+            calls.append(name)
+        return fn
+
+    seconds = spread_times({"X": {"a": model("a"), "b": model("b")}}, rounds=3, turn_seconds=0.2)
+    assert seconds == {"X": {"a": [pytest.approx(0.01)] * 3, "b": [pytest.approx(0.01)] * 3}}
 
 
 def test_a_turn_keeps_one_call_of_a_function_slower_than_the_turn_and_caps_the_calls_of_instant_ones():

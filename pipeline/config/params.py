@@ -214,8 +214,8 @@ class BenchmarkParams(Section):
     # median of the rounds' ratios, with its interquartile range and its range (a confidence interval for the
     # median: 98% at 7 rounds). On two shared cores, 3 rounds moved a ratio by 0.3.
     repeats: int = Field(7, ge=1)
-    # In its turn each model is called, alternately with the others, until its calls have lasted this long, and the
-    # round keeps their median: a cheap call (batch 1) is timed many times. 0: one call a turn.
+    # In its turn each model is called back to back until its calls have lasted this long, and the round keeps
+    # their median: a cheap call (batch 1) is timed many times, warm. 0: one call a turn.
     turn_seconds: float = Field(0.2, ge=0)
     attn_implementations: list[Literal["sdpa", "eager"]] = Field(default_factory=lambda: ["sdpa"], min_length=1)
     # Each model is timed at each of these (autocast for bf16/fp16), beside runtime.precision's own run.

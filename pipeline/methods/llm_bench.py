@@ -4,7 +4,7 @@
     python -m pipeline.methods.llm_bench --batch-sizes 1 8 32 --new-tokens 32 --repeats 5 --csv llm_bench.csv
 
 Two phases, each timed on its own for `repeats` rounds after a warm-up: the models take turns within each
-round (each called, alternately, until its calls have lasted `turn_seconds`; the round keeps their median), and
+round (each called back to back until its calls have lasted `turn_seconds`; the round keeps their median), and
 the phases and batch sizes take turns too, so each one's rounds span the whole run
 (`pipeline.methods.bench.spread_times`). A speedup is the median of the rounds' ratios, with its interquartile
 range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`, `pipeline.methods.bench.Ratio`):
