@@ -1,5 +1,6 @@
 """The benchmark's timer (pipeline/methods/bench.py): models take turns within each round, and a speedup is the
-median of the rounds' paired ratios, with its interquartile range; a floor model bounds what pruning can give."""
+median of the rounds' paired ratios, with its interquartile range; a floor model gives each pruned model its Amdahl
+estimate."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pipeline.methods import bench
 from pipeline.methods.bench import (
     MAX_CALLS_PER_TURN,
     SPEEDUP_SPREAD,
-    amdahl_bound,
+    amdahl_speedup,
     calls_per_turn,
     floor_model,
     interleaved_times,
@@ -154,14 +155,14 @@ def test_the_floor_model_keeps_one_head_and_one_neuron_in_every_layer_and_leaves
         assert floor(**inputs).logits.shape == model(**inputs).logits.shape
 
 
-def test_the_amdahl_bound_is_the_flop_ideal_without_fixed_work_and_one_when_all_work_is_fixed():
-    assert amdahl_bound(floor_share=0.0, ideal=2.0, floor_ideal=float("inf")) == pytest.approx(2.0)
-    assert amdahl_bound(floor_share=1.0, ideal=2.0, floor_ideal=10.0) == pytest.approx(1.0)
+def test_the_amdahl_estimate_is_the_flop_ideal_without_fixed_work_and_one_when_all_work_is_fixed():
+    assert amdahl_speedup(floor_share=0.0, ideal=2.0, floor_ideal=float("inf")) == pytest.approx(2.0)
+    assert amdahl_speedup(floor_share=1.0, ideal=2.0, floor_ideal=10.0) == pytest.approx(1.0)
     # 2 of 10 s fixed in a floor of a tenth of the FLOPs; the other 8 s shrink with the FLOPs above it (90 -> 40).
-    assert amdahl_bound(0.2, ideal=2.0, floor_ideal=10.0) == pytest.approx(10 / (2 + 8 * 40 / 90))
+    assert amdahl_speedup(0.2, ideal=2.0, floor_ideal=10.0) == pytest.approx(10 / (2 + 8 * 40 / 90))
 
 
-def test_throughput_rows_with_a_floor_carry_its_share_and_each_models_bound_and_no_row_of_its_own():
+def test_throughput_rows_with_a_floor_carry_its_share_and_each_models_amdahl_estimate_and_no_row_of_its_own():
     full = random_encoder("tiny", "sdpa")
     pruned = prune_heads(copy.deepcopy(full), {0: range(6), 1: range(6)})
     floor = floor_model(full)
@@ -175,6 +176,6 @@ def test_throughput_rows_with_a_floor_carry_its_share_and_each_models_bound_and_
         ideal = flops["full"] / flops["pruned" if r["fraction_pruned"] else "full"]
         assert r["ideal_speedup"] == pytest.approx(ideal)
         floor_ideal = flops["full"] / flops["floor"]
-        assert r["bound_speedup"] == pytest.approx(amdahl_bound(r["floor_share"], ideal, floor_ideal))
-    # The reference's bound is exactly one: it is the model the floor's share is of.
-    assert rows[0]["bound_speedup"] == pytest.approx(1.0) and rows[2]["bound_speedup"] == pytest.approx(1.0)
+        assert r["amdahl_speedup"] == pytest.approx(amdahl_speedup(r["floor_share"], ideal, floor_ideal))
+    # The reference's estimate is exactly one: it is the model the floor's share is of.
+    assert rows[0]["amdahl_speedup"] == pytest.approx(1.0) and rows[2]["amdahl_speedup"] == pytest.approx(1.0)

@@ -62,7 +62,7 @@ def tables(root: Path) -> dict[str, object]:
             found[str(relative)] = path.read_bytes()
         elif path.suffix == ".csv":
             rows = list(csv.DictReader(io.StringIO(path.read_text())))
-            # The timing columns this table must have (tokens_per_s is translation's; floor_share the budgeted one's).
+            # The timing columns this table must have (tokens_per_s is translation's).
             required = timing & set(TABLE_COLUMNS.get(relative.name, timing))
             assert rows and required <= set(rows[0]), f"{relative}: timing columns renamed?"
             found[str(relative)] = [{k: v for k, v in row.items() if k not in timing} for row in rows]

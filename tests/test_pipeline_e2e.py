@@ -49,14 +49,14 @@ def test_repro_writes_every_table_figure_and_report(repo):
         "pruning_curve.csv": ["method", "split", "fraction_pruned", "heads_pruned", "metric"],
         "recovery.csv": ["fraction_pruned", "metric_before", "metric_after"],
         "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
-                          "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "params", "device",
-                          "precision"],
+                          "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "floor_share",
+                          "amdahl_speedup", "params", "device", "precision"],
         "budgeted_curve.csv": ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
                                "neurons_pruned", "metric", "examples", "collapsed"],
         "budgeted_layers.csv": ["method", "budget_removed", "unit", "kind", "layer", "kept", "of"],
         "benchmark_budgeted.csv": ["budget_removed", "batch_size", "attn_implementation", "speedup",
-                                   "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "device",
-                                   "precision"],
+                                   "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup",
+                                   "floor_share", "amdahl_speedup", "device", "precision"],
     }
     for name, columns in expected_columns.items():
         table = pd.read_csv(reports / name)

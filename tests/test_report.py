@@ -160,6 +160,24 @@ def test_full_report(tmp_path: Path) -> None:
 
     # Table 4 comparison row for batch 64.
     assert "| eager | 64 | 6400.0 | 7168.0 | +12.0% [+6.4, +15.4] | +25.0% | 124.7 -> 146.6 | +17.5% |" in md
+    assert "Against the work no pruning removes" not in md  # no floor model was timed
+
+
+def test_table4_sets_each_pruned_model_beside_its_amdahl_estimate_when_the_benchmark_timed_a_floor(
+        tmp_path: Path) -> None:
+    _write_bert(tmp_path)
+    bench = pd.read_csv(tmp_path / "benchmark.csv")
+    bench["floor_share"] = bench["batch_size"].map({1: 0.14, 64: 0.07})
+    # The 50% model's estimate at batch 1 is below its measured speedup: an estimate, not a bound.
+    bench["amdahl_speedup"] = [1.0, 0.99, 1.0, 1.2]
+    bench.to_csv(tmp_path / "benchmark.csv", index=False)
+    build_report(tmp_path, "BERT on MNLI")
+    md = (tmp_path / "report.md").read_text()
+    section = md.split("### Against the work no pruning removes", 1)[1].split("\n#", 1)[0]
+    assert "an estimate, not a bound" in section
+    assert "| eager | 50% | 1 | 1.01 [0.96, 1.04] | 1.25 | 0.81 | 14% | 0.99 | 1.02 |" in section
+    assert "| eager | 50% | 64 | 1.12 [1.06, 1.15] | 1.25 | 0.90 | 7% | 1.20 | 0.93 |" in section
+    assert "| 0% |" not in section  # the reference is not a row
 
 
 def test_prunable_fraction_stops_at_first_drop() -> None:

@@ -141,7 +141,7 @@ def checkpoint_step(name: str) -> int | None:
 
 # The benchmark columns (and benchmark.json keys) that are wall-clock measurements, so no two runs agree on them.
 BENCHMARK_TIMINGS = frozenset({"examples_per_s", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3", "speedup_min",
-                               "speedup_max", "floor_share", "bound_speedup"})
+                               "speedup_max", "floor_share", "amdahl_speedup"})
 
 
 # --- prune.json: the prune stage's summary, which the report quotes ---------------------------------------
@@ -213,14 +213,15 @@ TABLE_COLUMNS = {
     # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
     # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles;
     # speedup_min, speedup_max: its range, the confidence interval for the median (pipeline/methods/bench.py).
+    # Encoders' rows also have floor_share and amdahl_speedup, as the budgeted table (translation's decoding has none).
     BENCHMARK_TABLE: ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
                       "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "device", "precision"],
     # widths: FULL_WIDTHS (unpruned), ROUNDED_WIDTHS (to the measured neuron multiple), SEARCHED_WIDTHS (without).
     # floor_share: the median over the rounds of a floor model's time (one head and one FFN neuron a layer) over the
-    # unpruned model's; bound_speedup: the Amdahl bound that sets on the row's speedup (pipeline/methods/bench.py).
+    # unpruned model's; amdahl_speedup: the row's speedup if the rest shrank with the FLOPs (pipeline/methods/bench.py).
     BUDGETED_BENCHMARK_TABLE: ["attn_implementation", "batch_size", "budget_removed", "widths", "examples_per_s",
                                "speedup", "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup",
-                               "floor_share", "bound_speedup", "params", "device", "precision"],
+                               "floor_share", "amdahl_speedup", "params", "device", "precision"],
     # phase: prefill or decode (pipeline/methods/llm_bench.py); ideals from FLOPs and from KV-cache bytes per token.
     LLM_BENCHMARK_TABLE: ["model", "batch_size", "phase", "tokens_per_s", "speedup", "speedup_q1", "speedup_q3",
                           "speedup_min", "speedup_max", "ideal_speedup_flops", "ideal_speedup_kv", "kv_bytes_per_token",

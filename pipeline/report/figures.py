@@ -254,7 +254,7 @@ def speedup(bench: pd.DataFrame) -> bytes:
 
 def budgeted_speed(rows: pd.DataFrame) -> bytes:
     """Each saved budgeted model's measured speedup against batch size, with its rounds' range, beside its ideal
-    from FLOPs and, where the benchmark timed a floor model, the bound that sets; one panel per attention and
+    from FLOPs and, where the benchmark timed a floor model, its Amdahl estimate; one panel per attention and
     precision."""
     panels = list(dict.fromkeys(zip(rows["attn_implementation"], rows["precision"], strict=True)))
     several = len({p for _, p in panels}) > 1
@@ -269,10 +269,11 @@ def budgeted_speed(rows: pd.DataFrame) -> bytes:
                                                    model["speedup_max"] - model["speedup"]],
                         fmt="o-", color=color, capsize=3, lw=1.5, label=f"{100 * level:g}% removed, {widths}")
             ax.plot(x, model["ideal_speedup"], "--", color=color, lw=1, label="ideal (FLOPs)" if i == 0 else None)
-            if "bound_speedup" in model and model["bound_speedup"].notna().all():
-                ax.plot(x, model["bound_speedup"], ":", color=color, lw=1.5, label="bound (floor)" if i == 0 else None)
+            if "amdahl_speedup" in model and model["amdahl_speedup"].notna().all():
+                ax.plot(x, model["amdahl_speedup"], ":", color=color, lw=1.5,
+                        label="Amdahl estimate (floor)" if i == 0 else None)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(set(part["batch_size"])), [str(b) for b in sorted(set(part["batch_size"]))])
         _speedup_panel(ax, f"attention: {impl}" + (f", {precision}" if several else ""), "batch size")
-    fig.suptitle("Budgeted models: measured speedup, its FLOP ideal and the bound the unprunable work sets")
+    fig.suptitle("Budgeted models: measured speedup, its FLOP ideal and its Amdahl estimate from the floor")
     return png_bytes(fig)

@@ -17,7 +17,7 @@ Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the r
     recovery.csv        fraction_pruned, metric_before, metric_after
     benchmark.csv       fraction_pruned, batch_size, attn_implementation, examples_per_s, speedup,
                         ideal_speedup, device, precision [, params, tokens_per_s, weights_mb, activations_mb,
-                        peak_memory_mb]
+                        peak_memory_mb, floor_share, amdahl_speedup]
                         (speedup = throughput ratio pruned / unpruned at the same precision, batch and
                         attention, 1.0 = no change)
     budgeted_curve.csv  method, split, budget_removed, fraction_flops_removed, heads_pruned,
@@ -25,9 +25,9 @@ Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the r
                         Kwon-style budgets; collapsed: the level fell more than prune.budgeted.collapse)
     budgeted_layers.csv method, budget_removed, unit, kind, layer, kept, of   (what each pruned model keeps)
     benchmark_budgeted.csv  attn_implementation, batch_size, budget_removed, widths, examples_per_s, speedup,
-                        ideal_speedup, floor_share, bound_speedup, params, device, precision
-                        (bound_speedup: the most any pruning to the row's FLOPs could give, from a floor
-                        model timed in the same rounds)
+                        ideal_speedup, floor_share, amdahl_speedup, params, device, precision
+                        (amdahl_speedup: the row's speedup if a floor model's share of the time, timed in
+                        the same rounds, stayed and the rest shrank with the FLOPs: an estimate, not a bound)
 """
 
 from __future__ import annotations

@@ -330,11 +330,11 @@ def _budgeted_speed(inp: Inputs) -> str | None:
         return None
     pruned = pruned[pruned["precision"] == precisions_in(pruned)[0]]
     r = pruned.sort_values(["batch_size", "budget_removed"]).iloc[-1]
-    bound = (f"; the unprunable work bounds it at {r.bound_speedup:.2f}x" if "bound_speedup" in pruned
-             and pd.notna(r.bound_speedup) else "")
+    amdahl = (f"; the Amdahl estimate from the floor's share of the time is {r.amdahl_speedup:.2f}x"
+              if "amdahl_speedup" in pruned and pd.notna(r.amdahl_speedup) else "")
     return (f"{r.speedup:.2f}x throughput at {pct(r.budget_removed)} of FLOPs removed, batch {int(r.batch_size)} "
             f"({r.device}, {r.precision}; ideal {r.ideal_speedup:.2f}x, so {r.speedup / r.ideal_speedup:.2f} of "
-            f"ideal{bound})")
+            f"ideal{amdahl})")
 
 
 def _budgeted_accuracy(inp: Inputs, split: str) -> str | None:
