@@ -18,7 +18,8 @@ Pruning cannot shrink all of a forward pass: embeddings, LayerNorms, residual ad
 head and each call's fixed overhead stay. `floor_model` keeps only that (one head and one FFN neuron a layer);
 timed beside the others it gives each model its Amdahl estimate (`amdahl_speedup`): the speedup if the floor's time
 stayed and the rest shrank exactly with the FLOPs. It is an estimate, not a bound: the rest need not shrink as the
-FLOPs say, and at batch 1 on the 2-core CPU the models that prune heads only beat it by 2-6% (README).
+FLOPs say, and at batch 1 on the 2-core CPU the models that prune heads only beat it (README, "What no pruning
+removes", gives each run's figures).
 The scoring-cost line compares one importance pass (forward + backward to the gates) over a data set with a forward
 pass over the same data.
 """

@@ -175,7 +175,7 @@ def _budgeted(doc: Doc, inp: Inputs) -> None:
     doc.table(side_by_side(inp, split))
 
 
-AMDAHL_SENTENCE = (
+_AMDAHL_SENTENCE = (
     "A floor model (the unpruned model cut to one head and one FFN neuron a layer), timed in the same rounds, "
     "takes the floor's share of the unpruned model's time: embeddings, LayerNorms, the task head and each call's "
     "fixed work, which pruning does not shrink. The Amdahl estimate is the speedup if that share stayed and the "
@@ -183,12 +183,12 @@ AMDAHL_SENTENCE = (
     "than its FLOPs' share of the rest, the model beats it.")
 
 
-def has_floor(bench: pd.DataFrame) -> bool:
+def _has_floor(bench: pd.DataFrame) -> bool:
     """Whether the benchmark timed a floor model beside these rows (encoders; not translation's decoding)."""
     return "amdahl_speedup" in bench and bench["amdahl_speedup"].notna().all()
 
 
-def amdahl_columns(rows: pd.DataFrame) -> dict[str, pd.Series]:
+def _amdahl_columns(rows: pd.DataFrame) -> dict[str, pd.Series]:
     """The floor's share, each row's Amdahl estimate and its measured speedup as a fraction of that estimate."""
     return {"floor's share": rows["floor_share"].map(pct),
             "Amdahl estimate": rows["amdahl_speedup"].map(lambda v: num(v, 2)),
@@ -205,17 +205,17 @@ def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
                                                            "widths", "batch_size"])
     several = len(precisions_in(bench)) > 1
     doc.h(2, f"Speed of the saved `{BUDGETED_TUNED}` models")
-    floor = has_floor(rows)
+    floor = _has_floor(rows)
     doc.p(f"Measured on {measured_on(bench)}, the models taking turns within each round: the median of the rounds' "
           f"throughput ratios to unpruned, with {SPREAD_IN_BRACKETS}, beside the ideal from FLOPs"
-          + (f". {AMDAHL_SENTENCE}" if floor else "."))
+          + (f". {_AMDAHL_SENTENCE}" if floor else "."))
     doc.table(pd.DataFrame({
         **({"precision": rows["precision"]} if several else {}),
         "attention": rows["attn_implementation"], "removed": rows["budget_removed"].map(pct),
         "FFN widths": rows["widths"], "batch": rows["batch_size"], SPREAD_HEADER: with_spread(rows),
         "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
         "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2)),
-        **(amdahl_columns(rows) if floor else {})}))
+        **(_amdahl_columns(rows) if floor else {})}))
     doc.figure("budgeted_speed.png", figures.budgeted_speed(rows),
                "Measured speedup of the saved models against batch size, with the rounds' range, beside the ideal "
                "from FLOPs" + (" and the Amdahl estimate from the floor's share." if floor else "."))
@@ -369,19 +369,19 @@ def _speed(doc: Doc, inp: Inputs) -> None:
           f"the error bars. The ideal speedup is the ratio of their forward-pass FLOPs.")
     doc.figure("speedup.png", figures.speedup(bench),
                "Throughput speedup of the physically pruned model; dashed: ideal speedup.")
-    if has_floor(bench):
+    if _has_floor(bench):
         rows = bench[bench["fraction_pruned"] > 0].sort_values(
             ["precision", "attn_implementation", "fraction_pruned", "batch_size"],
             key=lambda c: c.map(order.index) if c.name == "precision" else c)
         doc.h(2, "Against the work no pruning removes")
-        doc.p(AMDAHL_SENTENCE)
+        doc.p(_AMDAHL_SENTENCE)
         doc.table(pd.DataFrame({
             **({"precision": rows["precision"]} if several else {}),
             "attention": rows["attn_implementation"], "heads pruned": rows["fraction_pruned"].map(pct),
             "batch": rows["batch_size"], SPREAD_HEADER: with_spread(rows),
             "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
             "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2)),
-            **amdahl_columns(rows)}))
+            **_amdahl_columns(rows)}))
 
     if "tokens_per_s" in bench:
         # Decoding speed: the paper's Table 4 measured BERT classification, so it is not set beside it.
