@@ -188,11 +188,16 @@ def _has_floor(bench: pd.DataFrame) -> bool:
     return "amdahl_speedup" in bench and bench["amdahl_speedup"].notna().all()
 
 
-def _amdahl_columns(rows: pd.DataFrame) -> dict[str, pd.Series]:
-    """The floor's share, each row's Amdahl estimate and its measured speedup as a fraction of that estimate."""
-    return {"floor's share": rows["floor_share"].map(pct),
-            "Amdahl estimate": rows["amdahl_speedup"].map(lambda v: num(v, 2)),
-            "of estimate": (rows["speedup"] / rows["amdahl_speedup"]).map(lambda v: num(v, 2))}
+def _against_ideal(rows: pd.DataFrame, floor: bool) -> dict[str, pd.Series]:
+    """Each row's FLOP ideal and its measured speedup as a fraction of it; with a floor, also the floor's share, the
+    row's Amdahl estimate and its speedup as a fraction of that."""
+    columns = {"ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
+               "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2))}
+    if floor:
+        columns |= {"floor's share": rows["floor_share"].map(pct),
+                    "Amdahl estimate": rows["amdahl_speedup"].map(lambda v: num(v, 2)),
+                    "of estimate": (rows["speedup"] / rows["amdahl_speedup"]).map(lambda v: num(v, 2))}
+    return columns
 
 
 def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
@@ -213,9 +218,7 @@ def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
         **({"precision": rows["precision"]} if several else {}),
         "attention": rows["attn_implementation"], "removed": rows["budget_removed"].map(pct),
         "FFN widths": rows["widths"], "batch": rows["batch_size"], SPREAD_HEADER: with_spread(rows),
-        "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
-        "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2)),
-        **(_amdahl_columns(rows) if floor else {})}))
+        **_against_ideal(rows, floor)}))
     doc.figure("budgeted_speed.png", figures.budgeted_speed(rows),
                "Measured speedup of the saved models against batch size, with the rounds' range, beside the ideal "
                "from FLOPs" + (" and the Amdahl estimate from the floor's share." if floor else "."))
@@ -378,10 +381,7 @@ def _speed(doc: Doc, inp: Inputs) -> None:
         doc.table(pd.DataFrame({
             **({"precision": rows["precision"]} if several else {}),
             "attention": rows["attn_implementation"], "heads pruned": rows["fraction_pruned"].map(pct),
-            "batch": rows["batch_size"], SPREAD_HEADER: with_spread(rows),
-            "ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
-            "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2)),
-            **_amdahl_columns(rows)}))
+            "batch": rows["batch_size"], SPREAD_HEADER: with_spread(rows), **_against_ideal(rows, floor=True)}))
 
     if "tokens_per_s" in bench:
         # Decoding speed: the paper's Table 4 measured BERT classification, so it is not set beside it.
