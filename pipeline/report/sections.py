@@ -191,8 +191,9 @@ def _has_floor(bench: pd.DataFrame) -> bool:
 def _against_ideal(rows: pd.DataFrame, floor: bool) -> dict[str, pd.Series]:
     """Each row's FLOP ideal and its measured speedup as a fraction of it; with a floor, also the floor's share, the
     row's Amdahl estimate and its speedup as a fraction of that."""
+    # Three digits for the fraction of the ideal: two would print a median of 0.898 as 0.90, on a 0.9 target.
     columns = {"ideal (FLOPs)": rows["ideal_speedup"].map(lambda v: num(v, 2)),
-               "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 2))}
+               "of ideal": (rows["speedup"] / rows["ideal_speedup"]).map(lambda v: num(v, 3))}
     if floor:
         columns |= {"floor's share": rows["floor_share"].map(pct),
                     "Amdahl estimate": rows["amdahl_speedup"].map(lambda v: num(v, 2)),
