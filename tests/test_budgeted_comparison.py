@@ -13,6 +13,7 @@ from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import (
     BUDGETED,
+    BUDGETED_BENCHMARK_TABLE,
     BUDGETED_HEADS,
     BUDGETED_TUNED,
     LAYERS_TABLE,
@@ -144,3 +145,21 @@ def test_the_report_marks_collapsed_rows_lists_them_in_column_order_and_draws_th
     assert "Collapsed (⚠): `budgeted` at 30%; `budgeted-tuned` at 30%." in md  # by level, then column order
     assert "(figures/budgeted_layers.png)" in md
     assert (tmp_path / "figures" / "budgeted_layers.png").stat().st_size > 1000
+
+
+def test_the_budgeted_speed_table_lists_fp32_first_as_table_4_does(tmp_path: Path, comparison):
+    (tmp_path / "finetune.json").write_text(json.dumps({"metric": "accuracy", "dev": 60.0, "test": 60.0,
+                                                        "model": "tiny", "data": "tiny"}))
+    comparison.table.to_csv(tmp_path / "budgeted_curve.csv", index=False)
+    row = dict(attn_implementation="sdpa", batch_size=1, widths="as searched", examples_per_s=10.0, speedup=1.5,
+               speedup_q1=1.4, speedup_q3=1.6, speedup_min=1.3, speedup_max=1.7, ideal_speedup=1.65,
+               floor_share=0.14, amdahl_speedup=1.54, params=1e6, device="cpu")
+    rows = [dict(row, budget_removed=level, precision=precision)
+            for precision in ("bf16", "fp32") for level in (0.0, 0.4)]
+    pd.DataFrame(rows, columns=TABLE_COLUMNS[BUDGETED_BENCHMARK_TABLE]).to_csv(
+        tmp_path / BUDGETED_BENCHMARK_TABLE, index=False)
+    build_report(tmp_path, "tiny")
+    md = (tmp_path / "report.md").read_text()
+    section = md.split(f"## Speed of the saved `{BUDGETED_TUNED}` models", 1)[1].split("\n#", 1)[0]
+    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith(("| fp32", "| bf16"))] == [
+        "| fp32", "| bf16"]

@@ -181,6 +181,21 @@ def test_table4_sets_each_pruned_model_beside_its_amdahl_estimate_when_the_bench
     assert "| 0% |" not in section  # the reference is not a row
 
 
+def test_every_speed_table_lists_fp32_first_whatever_order_the_benchmark_wrote_its_precisions_in(
+        tmp_path: Path) -> None:
+    _write_bert(tmp_path)
+    fp32 = pd.read_csv(tmp_path / "benchmark.csv").assign(floor_share=0.1, amdahl_speedup=1.1)
+    pd.concat([fp32.assign(precision="bf16"), fp32]).to_csv(tmp_path / "benchmark.csv", index=False)
+    build_report(tmp_path, "BERT on MNLI")
+    md = (tmp_path / "report.md").read_text()
+    amdahl = md.split("### Against the work no pruning removes", 1)[1].split("\n#", 1)[0]
+    paper = md.split("### Compared with the paper's Table 4", 1)[1].split("\n#", 1)[0]
+    for section in (amdahl, paper):
+        precisions = [line.split(" | ")[0].strip("| ") for line in section.splitlines()
+                      if line.startswith(("| fp32 ", "| bf16 "))]
+        assert precisions == ["fp32"] * 2 + ["bf16"] * 2, section
+
+
 def test_prunable_fraction_stops_at_first_drop() -> None:
     curve = pd.DataFrame(
         {"method": "importance", "split": "test", "fraction_pruned": FRACTIONS, "metric": IMPORTANCE_TEST}

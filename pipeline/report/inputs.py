@@ -105,6 +105,13 @@ def precisions_in(bench: pd.DataFrame) -> list[str]:
     return sorted(present, key=lambda p: (p != "fp32", present.index(p)))
 
 
+def sorted_by_precision(rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """`rows` sorted by the columns `by`, the precision in `precisions_in` order (fp32 first), so that every table
+    of a report lists its precisions alike."""
+    order = precisions_in(rows)
+    return rows.sort_values(by, key=lambda column: column.map(order.index) if column.name == "precision" else column)
+
+
 def measured_on(bench: pd.DataFrame) -> str:
     """Where and at what precision a benchmark table was measured: "cpu, fp32" or "NVIDIA H200, fp32 and bf16"."""
     devices = list(dict.fromkeys(bench["device"].astype(str)))

@@ -45,6 +45,7 @@ from pipeline.report.inputs import (
     measured_on,
     precisions_in,
     rows_at,
+    sorted_by_precision,
     splits_in,
     unpruned,
 )
@@ -284,8 +285,7 @@ def table4(bench: pd.DataFrame) -> tuple[float, pd.DataFrame] | None:
     rows = []
     several = len(precisions_in(bench)) > 1
     at = rows_at(bench, "fraction_pruned", frac)
-    at = at.assign(order=at["precision"].map(precisions_in(bench).index))
-    for r in at.sort_values(["order", "attn_implementation", "batch_size"]).itertuples():
+    for r in sorted_by_precision(at, ["precision", "attn_implementation", "batch_size"]).itertuples():
         full = bench[(bench["attn_implementation"] == r.attn_implementation) & (bench["batch_size"] == r.batch_size)
                      & (bench["precision"] == r.precision)]
         full = rows_at(full, "fraction_pruned", 0.0)

@@ -41,6 +41,7 @@ from pipeline.report.inputs import (
     kinds_in,
     measured_on,
     precisions_in,
+    sorted_by_precision,
     splits_in,
 )
 from pipeline.report.paper import budgeted_sentences, compared_with_paper, llm_anchor_sentences, side_by_side, table4
@@ -207,8 +208,8 @@ def _budgeted_speed_table(doc: Doc, inp: Inputs) -> None:
     bench = inp.benchmark_budgeted
     if bench is None or not (bench["budget_removed"] > 0).any():
         return
-    rows = bench[bench["budget_removed"] > 0].sort_values(["precision", "attn_implementation", "budget_removed",
-                                                           "widths", "batch_size"])
+    rows = sorted_by_precision(bench[bench["budget_removed"] > 0],
+                               ["precision", "attn_implementation", "budget_removed", "widths", "batch_size"])
     several = len(precisions_in(bench)) > 1
     doc.h(2, f"Speed of the saved `{BUDGETED_TUNED}` models")
     floor = _has_floor(rows)
@@ -364,8 +365,7 @@ def _speed(doc: Doc, inp: Inputs) -> None:
     if bench is None:
         return
     doc.h(1, "Table 4: inference speed")
-    order = precisions_in(bench)  # fp32 first
-    several = len(order) > 1
+    several = len(precisions_in(bench)) > 1
     doc.p(f"Measured on {measured_on(bench)} (device, precision). A speedup compares a pruned model with the "
           f"unpruned one at the same precision, batch size and attention implementation: the models take turns "
           f"each round, each called until its calls have lasted `benchmark.turn_seconds` and the round keeping "
@@ -374,9 +374,8 @@ def _speed(doc: Doc, inp: Inputs) -> None:
     doc.figure("speedup.png", figures.speedup(bench),
                "Throughput speedup of the physically pruned model; dashed: ideal speedup.")
     if _has_floor(bench):
-        rows = bench[bench["fraction_pruned"] > 0].sort_values(
-            ["precision", "attn_implementation", "fraction_pruned", "batch_size"],
-            key=lambda c: c.map(order.index) if c.name == "precision" else c)
+        rows = sorted_by_precision(bench[bench["fraction_pruned"] > 0],
+                                   ["precision", "attn_implementation", "fraction_pruned", "batch_size"])
         doc.h(2, "Against the work no pruning removes")
         doc.p(_AMDAHL_SENTENCE)
         doc.table(pd.DataFrame({
@@ -386,8 +385,7 @@ def _speed(doc: Doc, inp: Inputs) -> None:
 
     if "tokens_per_s" in bench:
         # Decoding speed: the paper's Table 4 measured BERT classification, so it is not set beside it.
-        rows = bench.sort_values(["precision", "attn_implementation", "batch_size", "fraction_pruned"],
-                                 key=lambda c: c.map(order.index) if c.name == "precision" else c)
+        rows = sorted_by_precision(bench, ["precision", "attn_implementation", "batch_size", "fraction_pruned"])
         doc.h(2, "Decoding speed (every model generates the same number of tokens)")
         doc.table(pd.DataFrame({
             **({"precision": rows["precision"]} if several else {}),
@@ -405,7 +403,7 @@ def _speed(doc: Doc, inp: Inputs) -> None:
         keys = ["precision", "attn_implementation", "fraction_pruned"]
         mem = bench.dropna(subset=["peak_memory_mb"]).drop_duplicates(keys)
         columns = [c for c in ("weights_mb", "activations_mb", "peak_memory_mb") if c in mem]
-        mem = mem.sort_values(keys, key=lambda c: c.map(order.index) if c.name == "precision" else c)
+        mem = sorted_by_precision(mem, keys)
         mem = mem[[*(["precision"] if several else []), "attn_implementation", "batch_size", "fraction_pruned",
                    *columns]]
         mem["fraction_pruned"] = mem["fraction_pruned"].map(pct)
