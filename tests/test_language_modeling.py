@@ -3,6 +3,7 @@ params, and prepare + finetune end to end on a tiny corpus. Models are tiny rand
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import subprocess
@@ -223,14 +224,29 @@ def test_split_texts_is_deterministic_deduplicated_and_disjoint():
     assert lm_data.split_texts(texts, (0.8, 0.1, 0.1), seed=4)["test"] != a["test"]
 
 
-def test_default_source_is_the_english_side_of_tatoeba_deduplicated(tmp_path):
+def test_tatoeba_source_is_the_english_side_of_the_pairs_deduplicated(tmp_path):
     rows = [(f"English {i % 30}.", f"Español {i}.", f"CC-BY 2.0 (France) Attribution: tatoeba.org #{i}")
             for i in range(90)]
     path = tmp_path / "spa.tsv"
     path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
-    dsd = lm_data.load_language_modeling_task("default", tatoeba_path=path, fractions=(0.6, 0.2, 0.2), seed=0)
+    dsd = lm_data.load_language_modeling_task("tatoeba", tatoeba_path=path, fractions=(0.6, 0.2, 0.2), seed=0)
     texts = [t for s in SPLITS for t in dsd[s]["text"]]
     assert sorted(texts) == sorted({r[0] for r in rows}) and len(dsd["test"]) == 6
+
+
+def test_default_source_is_wikitext_2_raw_from_its_gzipped_files_with_the_empty_rows_dropped(tmp_path):
+    rows = {"train": ["", " = Valkyria = ", " It is a game . ", ""], "dev": ["", " Dev . "], "test": [" Test . ", " "]}
+    paths = {}
+    for split, lines in rows.items():
+        paths[split] = tmp_path / f"{split}.raw.gz"
+        with gzip.open(paths[split], "wt", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    dsd = lm_data.load_language_modeling_task("default", wikitext_paths=paths, max_eval_texts=1000)
+    # The rows as the hub's wikitext-2-raw-v1 has them, newline and all (the hub loader's test has the same rows).
+    assert dsd["train"]["text"] == [" = Valkyria = \n", " It is a game . \n"]
+    assert dsd["dev"]["text"] == [" Dev . \n"] and dsd["test"]["text"] == [" Test . \n"]
+    with pytest.raises(ValueError, match="wikitext_paths"):
+        lm_data.load_language_modeling_task("default")
 
 
 def test_local_text_file_and_folder(tmp_path):

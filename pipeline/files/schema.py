@@ -8,6 +8,7 @@ from __future__ import annotations
 
 # --- where a model and data come from (params) ----------------------------------------------------
 DEFAULT = "default"  # the offline default model / data (pinned PyPI wheels)
+TATOEBA = "tatoeba"  # language modelling: the English sentences of the Tatoeba pairs (the scratch Llama's data)
 SCRATCH = "scratch"  # a model trained from scratch by the finetune stage (translation: Marian; LM: Llama)
 
 # --- the tasks (`task:` of a params file) ----------------------------------------------------------

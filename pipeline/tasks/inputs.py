@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from pipeline.core.sites import FAMILIES
-from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS
+from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS, TATOEBA
 from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA, OFFLINE_TASKS, HubCorpus
 from pipeline.tasks.local_files import (
     FORMATS,
@@ -455,8 +455,8 @@ def local_texts(source: str, text_column: str) -> dict[str, list[str]]:
 
 
 def language_modeling_source_problems(source: str, text_column: str, fractions: tuple[float, ...]) -> list[str]:
-    """Problems with `data.source` of a language-modelling experiment (the offline default has none)."""
-    if source == DEFAULT:
+    """Problems with `data.source` of a language-modelling experiment (the offline corpora have none)."""
+    if source in (DEFAULT, TATOEBA):
         return []
     if source.partition("/")[0] in LM_CORPORA:
         return _hub_corpus_problems(source, LM_CORPORA, "config", "texts as local train/dev/test .txt files (one "

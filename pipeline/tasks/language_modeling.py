@@ -3,11 +3,13 @@
 Every source ends up as a DatasetDict with "train", "dev" and "test" splits holding one string column, "text"
 (a sentence or a document a row). Sources:
 
-- "default": the English side of the Tatoeba pairs (assets.MT_DATA, the MT experiment's file). An English
-  sentence appears once per accepted translation, so the sentences are deduplicated before a seeded split:
-  no sentence of dev or test occurs in train.
-- "wikitext/<config>" (e.g. wikitext/wikitext-2-raw-v1): the hub, its validation split as dev and test as
-  test; the empty rows between paragraphs are dropped.
+- "default": WikiText-2 raw (assets.WIKITEXT2_DATA, from a pinned wheel): the hub's wikitext-2-raw-v1 row for
+  row, offline; its validation split as dev and test as test, the empty rows between paragraphs dropped. Held-out
+  paragraphs of encyclopaedic English, the text a pretrained model's perplexity is read on.
+- "tatoeba": the English side of the Tatoeba pairs (assets.MT_DATA, the MT experiment's file), for the small Llama
+  trained from scratch. An English sentence appears once per accepted translation, so the sentences are
+  deduplicated before a seeded split: no sentence of dev or test occurs in train.
+- "wikitext/<config>" (e.g. wikitext/wikitext-2-raw-v1): the hub, as the default.
 - a local .txt file (one text a line), CSV/TSV/JSON/JSONL file with a text column, or a folder of train.*
   and optionally dev.* and test.*; missing evaluation splits are carved out of the deduplicated train texts.
 """
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 import datasets
 import numpy as np
 
-from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS
+from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS, TATOEBA
 from pipeline.tasks.catalog import LM_CORPORA
 from pipeline.tasks.inputs import local_texts
 from pipeline.tasks.local_files import InputError, check_fractions
@@ -47,6 +49,22 @@ def fetch_hub_texts(repo: str, config: str) -> datasets.DatasetDict:
     return datasets.load_dataset(repo, config)
 
 
+def _paragraphs(rows: list[str]) -> list[str]:
+    """WikiText's rows without the empty ones between paragraphs (rows are kept as they are, newline and all)."""
+    return [row for row in rows if row.strip()]
+
+
+def _load_wikitext_files(paths: Mapping[str, str | Path]) -> dict[str, list[str]]:
+    """WikiText's raw files (gzipped, one row a line) by our split name."""
+    import gzip
+
+    texts = {}
+    for split, path in paths.items():
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            texts[split] = _paragraphs(f.read().splitlines(keepends=True))
+    return texts
+
+
 def _load_hub(name: str) -> dict[str, list[str]]:
     corpus_name, _, config = name.partition("/")
     corpus = LM_CORPORA[corpus_name]
@@ -63,7 +81,7 @@ def _load_hub(name: str) -> dict[str, list[str]]:
             raise InputError(f"data.source: {name}: split {theirs!r} missing; available: {list(raw)}")
         if "text" not in raw[theirs].column_names:
             raise InputError(f"data.source: {name} split {theirs!r}: no 'text' column; has {raw[theirs].column_names}")
-        out[ours] = [t for t in raw[theirs]["text"] if t.strip()]
+        out[ours] = _paragraphs(raw[theirs]["text"])
     return out
 
 
@@ -91,6 +109,7 @@ def load_language_modeling_task(
     source: str,
     *,
     tatoeba_path: str | Path | None = None,
+    wikitext_paths: Mapping[str, str | Path] | None = None,
     text_column: str = "text",
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
     max_train_texts: int | None = None,
@@ -99,11 +118,16 @@ def load_language_modeling_task(
 ) -> datasets.DatasetDict:
     """Load any supported source as train/dev/test with one string column, text.
 
-    max_train_texts, max_eval_texts: seeded caps on train and on each of dev and test.
+    tatoeba_path: spa.tsv, for source "tatoeba"; wikitext_paths: WikiText-2 raw's gzipped files by split, for the
+    default. max_train_texts, max_eval_texts: seeded caps on train and on each of dev and test.
     """
     if source == DEFAULT:
+        if wikitext_paths is None or set(wikitext_paths) != set(SPLITS):
+            raise ValueError("source 'default' needs wikitext_paths for train, dev and test (assets.WIKITEXT2_DATA)")
+        texts = _load_wikitext_files(wikitext_paths)
+    elif source == TATOEBA:
         if tatoeba_path is None:
-            raise ValueError("source 'default' needs tatoeba_path (spa.tsv, see assets.MT_DATA)")
+            raise ValueError(f"source {TATOEBA!r} needs tatoeba_path (spa.tsv, see assets.MT_DATA)")
         texts = split_texts(load_tatoeba_pairs(tatoeba_path)["source"].tolist(), fractions, seed)
     elif source.partition("/")[0] in LM_CORPORA:
         texts = _load_hub(source)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline.config.params import DataParams
 from pipeline.files.atomic import staged_dir
-from pipeline.files.schema import DEFAULT
+from pipeline.files.schema import DEFAULT, TATOEBA
 from pipeline.tasks.assets import MODEL, MT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
 from pipeline.tasks.catalog import OFFLINE_TASKS
 from pipeline.tasks.classification import TaskSpec
@@ -16,12 +16,21 @@ from pipeline.tasks.classification import TaskSpec
 DEFAULT_MODEL_NAME = f"{MODEL.package}=={MODEL.version} (MiniLM-L6, 6 layers x 12 heads)"
 
 MT_DATA_NAME = "Tatoeba English-Spanish sentence pairs"
-LM_DATA_NAME = "Tatoeba English sentences (of the English-Spanish pairs, deduplicated)"
 MT_DATA_ATTRIBUTION = (
     f"spa.tsv from the {MT_DATA.package}=={MT_DATA.version} wheel (only this file is extracted; the package is "
     "not installed): English-Spanish sentence pairs from the Tatoeba Project (tatoeba.org), licensed CC-BY 2.0 "
     "(France); each pair's line names its Tatoeba sentence ids and contributors"
 )
+
+# Language modelling's offline corpora by data.source: (name, attribution).
+LM_DATA = {
+    DEFAULT: ("WikiText-2 raw (wikitext-2-raw-v1: train, validation as dev, test)",
+              f"train.raw.gz, valid.raw.gz and test.raw.gz from the {MT_DATA.package}=={MT_DATA.version} wheel (only "
+              "these files are extracted; the package is not installed): WikiText-2 (Merity, Xiong, Bradbury and "
+              "Socher, Pointer Sentinel Mixture Models, 2016), Wikipedia's Good and Featured articles, licensed "
+              "CC BY-SA 3.0"),
+    TATOEBA: ("Tatoeba English sentences (of the English-Spanish pairs, deduplicated)", MT_DATA_ATTRIBUTION),
+}
 
 
 def materialize_model(name_or_path: str, dest: Path, cache_dir: Path, trust_remote_code: bool = False) -> Path:
