@@ -15,6 +15,7 @@ from pipeline.run.preflight import preflight
 if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
     preflight("prune")
 
+import dataclasses
 import functools
 import time
 
@@ -31,6 +32,7 @@ from pipeline.files.schema import (
     BUDGETED_TUNED,
     CURVE_TABLE,
     EVAL_SPLITS,
+    HEAD_UNITS,
     HEADS_FROM,
     IMPORTANCE,
     IMPORTANCE_TABLE,
@@ -40,11 +42,13 @@ from pipeline.files.schema import (
     LAYERS_TABLE,
     METRIC_AT_PRUNABLE,
     NOT_STOCK_BECAUSE,
+    OTHER_UNIT_CURVE_TABLE,
     PRUNABLE_FRACTION,
     PRUNE_SUMMARY,
     RANK_CORRELATION,
     SECONDS,
     STOCK,
+    TABLE_COLUMNS,
     TUNING_KEPT,
     UNPRUNED_METRIC,
     WHOLE_PRUNE,
@@ -56,6 +60,7 @@ from pipeline.methods.pruning import (
     CurveEvaluator,
     checkpoint_curves,
     criterion_curves,
+    criterion_scores,
     heads_for,
     importance_by_site,
     kind_curves,
@@ -98,6 +103,20 @@ class Laps:
         self._last = now
 
 
+def other_unit_curves(exp: Experiment, evaluator: CurveEvaluator, importance: list, criteria: dict,
+                      counts: list[int], choice: HeadChoice) -> pd.DataFrame:
+    """With prune.compare_units under grouped-query attention: the importance, random and criteria curves again in
+    the unit that prune.unit is not (empty otherwise)."""
+    pp = exp.params.prune
+    sites = attention_sites(evaluator.model)
+    if not pp.compare_units or all(site.original_group_size == 1 for site in sites):
+        return pd.DataFrame(columns=TABLE_COLUMNS[OTHER_UNIT_CURVE_TABLE])
+    other = dataclasses.replace(choice, unit=next(unit for unit in HEAD_UNITS if unit != choice.unit))
+    curves = paper_curves(evaluator, other.rank(importance, sites), counts, pp.random_seeds, other)
+    curves += criterion_curves(evaluator, criteria, counts, other)
+    return pd.concat(curves, ignore_index=True).assign(unit=other.unit)
+
+
 def prune(exp: Experiment) -> None:
     p, pp = exp.params, exp.params.prune
     lap = Laps()
@@ -132,8 +151,9 @@ def prune(exp: Experiment) -> None:
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
                           exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
     lap("paper's curves (importance, re-estimated, random)")
-    if pp.criteria:
-        curves += criterion_curves(evaluator, pp.criteria, exp.score_batches(), counts, choice, p.score.normalize_p)
+    criteria = criterion_scores(model, pp.criteria, exp.score_batches(), p.score.normalize_p) if pp.criteria else {}
+    if criteria:
+        curves += criterion_curves(evaluator, criteria, counts, choice)
         lap("criteria curves")
     if exp.is_translation and pp.by_kind:
         curves += kind_curves(evaluator, order, levels, choice)
@@ -147,6 +167,10 @@ def prune(exp: Experiment) -> None:
         lap("checkpoint curves")
     table = pd.concat(curves, ignore_index=True)
     write_csv(exp.reports / CURVE_TABLE, table)
+    if exp.is_language_modeling:
+        write_csv(exp.reports / OTHER_UNIT_CURVE_TABLE, other_unit_curves(exp, evaluator, importance, criteria, counts,
+                                                                              choice))
+        lap("curves in the other unit")
     for split in evals:
         fraction, metric, base = prunable_fraction(table, IMPORTANCE, split, exp.metric)
         summary[split] = {PRUNABLE_FRACTION: fraction, METRIC_AT_PRUNABLE: metric, UNPRUNED_METRIC: base}

@@ -1,4 +1,5 @@
-"""Stage score: the paper's head importance, E_x |dL(x)/d(xi_h)|, normalised per layer."""
+"""Stage score: head importance, the paper's E_x |dL(x)/d(xi_h)| (score.estimator: example) or its mean over token
+positions (token), normalised per layer by score.normalize_p (the paper: L2)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ if __name__ == "__main__":  # the params in a second or two, before the imports 
 
 import pandas as pd
 
-from pipeline.core.importance import head_importance, normalize_per_layer
+from pipeline.core.importance import head_importance, normalize_per_layer, token_head_importance
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv
 from pipeline.files.schema import IMPORTANCE_TABLE
@@ -22,7 +23,8 @@ def main() -> None:
     model = exp.load(exp.finetuned_dir)
     batches = exp.score_batches()
     with exp.runtime.autocast():  # gates and their gradient sums stay fp32 (pipeline/core/gates.py)
-        raw = head_importance(model, batches)
+        raw = (token_head_importance(model, batches)[0] if p.score.estimator == "token"
+               else head_importance(model, batches))
     normalised = normalize_per_layer(raw, p.score.normalize_p)
     rows = [dict(kind=site.kind, layer=site.layer, head=head, importance=float(n), importance_raw=float(r))
             for site, n_site, r_site in zip(attention_sites(model), normalised, raw, strict=True)

@@ -10,7 +10,7 @@ from pipeline.core.importance import HeadChoice, head_importance, per_example_lo
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.methods.criteria import activation_norm, weight_magnitude
-from pipeline.methods.pruning import CurveEvaluator, criterion_curves, plans_from_order
+from pipeline.methods.pruning import CurveEvaluator, criterion_curves, criterion_scores, plans_from_order
 from tests.tiny_models import PAD, logits, randomize_biases, tiny_batch, tiny_model
 
 FAMILIES = ["llama", "opt", "gpt2"]  # grouped-query, multi-head, GPT-2's fused Conv1D
@@ -169,7 +169,7 @@ def test_each_criterion_curve_removes_as_many_heads_as_importance_at_every_level
     importance = plans_from_order(choice.rank(head_importance(model, [batch], progress=False), sites), sites,
                                   counts, choice)
     reference = evaluator.curve("importance", importance, progress=False)
-    curves = criterion_curves(evaluator, ["magnitude", "activation"], [batch], counts, choice)
+    curves = criterion_curves(evaluator, criterion_scores(model, ["magnitude", "activation"], [batch]), counts, choice)
     assert [c.method.iloc[0] for c in curves] == ["magnitude", "activation"]
     for curve in curves:
         assert curve.heads_pruned.tolist() == reference.heads_pruned.tolist()

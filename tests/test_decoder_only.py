@@ -25,6 +25,7 @@ from pipeline.core.importance import (
     random_order,
     rank_heads,
     select_heads,
+    token_head_importance,
 )
 from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only
 from pipeline.core.surgery import prune_heads, prune_neurons
@@ -364,3 +365,28 @@ def test_re_estimated_pruning_of_a_gqa_model_goes_in_whole_slices_down_to_one_he
     for plan in plans:  # each layer in whole slices: as many heads from each of its two groups
         for heads in plan.values():
             assert sum(h < 4 for h in heads) == sum(h >= 4 for h in heads)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_per_token_importance_comes_with_the_papers_per_example_estimate_from_the_same_backward(family):
+    model, batch = in_float64(lm(family)), tiny_batch(family, batch_size=3)
+    per_token, per_example = token_head_importance(model, [batch], progress=False)
+    paper = head_importance(model, [batch], progress=False)
+    assert all(torch.allclose(a, b) for a, b in zip(per_example, paper, strict=True))
+    # Per token, no example's positions cancel: the mean of |g_t| over real tokens bounds |sum_t g_t| / tokens.
+    tokens = int(batch["attention_mask"].sum())
+    for token_scores, example_scores in zip(per_token, per_example, strict=True):
+        assert (token_scores * tokens >= example_scores * 3 - 1e-12).all() and token_scores.abs().sum() > 0
+
+
+def test_per_position_gates_at_one_change_nothing_and_at_zero_mask_a_head_at_that_position_only():
+    model, batch = lm("llama"), tiny_batch("llama", batch_size=2)
+    size, length = batch["input_ids"].shape
+    with head_gates(model) as gates:
+        gates.per_position(size, length)
+        assert torch.equal(logits(model, batch), logits(lm("llama"), batch))
+        with torch.no_grad():
+            gates[0][:, length - 1, 0] = 0.0  # head 0 of layer 0 at the last position: nothing earlier may move
+        masked_logits = logits(model, batch)
+    assert torch.equal(masked_logits[:, : length - 1], logits(lm("llama"), batch)[:, : length - 1])
+    assert not torch.equal(masked_logits[:, length - 1], logits(lm("llama"), batch)[:, length - 1])

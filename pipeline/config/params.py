@@ -28,6 +28,7 @@ from pipeline.files.schema import (
     HEAD_UNITS,
     LANGUAGE_MODELING,
     PRECISIONS,
+    SCORE_ESTIMATORS,
     SCRATCH,
     SPLITS,
     TRANSLATION,
@@ -111,6 +112,9 @@ class ScoreParams(Section):
     split: Literal[SPLITS] = "train"
     max_examples: int | None = Field(512, ge=1)
     batch_size: int = Field(32, ge=1)
+    # "example": the paper's E_x |dL(x)/dxi_h|; "token": the mean |dL(x)/dxi_h| over token positions, a gate per
+    # position (decoder-only language models).
+    estimator: Literal[SCORE_ESTIMATORS] = "example"
     # L_p normalisation within each layer; null switches it off.
     normalize_p: float | None = Field(2.0, gt=0)
 
@@ -517,6 +521,9 @@ class LanguageModelTrainParams(Section):
 
 class LanguageModelingPruneParams(PruneParams):
     reestimate: bool = False
+    # Grouped-query attention: every curve (importance, random, criteria) again in the unit prune.unit is not, so
+    # the tables compare the methods in query heads and in whole KV groups from one run.
+    compare_units: bool = False
 
 
 class LanguageModelingBenchmarkParams(GenerationBenchmarkParams):

@@ -22,8 +22,9 @@ class Gates(list):
     """One gate tensor per site (attention sites for heads, FFN sites for neurons), read by the hooks at
     every forward.
 
-    Each entry is either 1-D `[units]` (shared by the batch) or 2-D `[batch, units]` (one gate per
-    example, so a single backward pass gives per-example gate gradients).
+    Each entry is either 1-D `[units]` (shared by the batch), 2-D `[batch, units]` (one gate per
+    example, so a single backward pass gives per-example gate gradients) or 3-D `[batch, positions, units]` (one
+    gate per example and position, for batch-first sites: every token's own gradient).
     Replace entries freely (`gates[i] = ...`) or write into them (`gates[i][h] = 0`).
     """
 
@@ -31,6 +32,14 @@ class Gates(list):
         """Swap in fresh `[batch_size, units]` leaf gates of ones that require grad; returns them."""
         for i, gate in enumerate(self):
             self[i] = torch.ones(batch_size, gate.shape[-1], dtype=gate.dtype, device=gate.device, requires_grad=True)
+        return list(self)
+
+    def per_position(self, batch_size: int, length: int) -> list[torch.Tensor]:
+        """Swap in fresh `[batch_size, length, units]` leaf gates of ones that require grad; returns them. Only for
+        batch-first sites (`batch_dim` 0), whose gated input is `[batch, positions, ...]`."""
+        for i, gate in enumerate(self):
+            self[i] = torch.ones(batch_size, length, gate.shape[-1], dtype=gate.dtype, device=gate.device,
+                                 requires_grad=True)
         return list(self)
 
 
@@ -46,6 +55,10 @@ def _gate_input(x: torch.Tensor, gate: torch.Tensor, units: int, batch_dim: int)
     blocks = x.view(*x.shape[:-1], units, width)
     if gate.dim() == 1:
         scale = gate.view(units, 1)
+    elif gate.dim() == 3:  # [batch, positions, units]: a batch-first input [batch, positions, units * width]
+        if batch_dim != 0:
+            raise ValueError("per-position gates need a batch-first site (batch_dim 0)")
+        scale = gate.view(*gate.shape, 1)
     else:
         # [batch, units] -> [batch, 1, ..., 1, units, 1] (batch at `batch_dim`) to broadcast over the sequence dims.
         shape = [1] * (x.dim() - 1) + [units, 1]

@@ -89,6 +89,44 @@ def head_importance(
     return [t.detach().cpu() / examples for t in totals]
 
 
+def token_head_importance(
+    model: nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    progress: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Two estimators from one backward pass of per-position gates (batch-first models): per token,
+    E_{x,t} |dL(x)/d(xi_{h,t})| over every example's real positions (`attention_mask`), and the paper's
+    E_x |dL(x)/d(xi_h)|, whose per-example gradient is the sum of that example's per-position ones.
+
+    A head can matter at a few positions and push the loss the other way at others; the per-example sum lets those
+    cancel, the per-token mean does not. Returns (per-token, per-example), each one `[num_heads]` float tensor per
+    attention site.
+    """
+    device = next(model.parameters()).device
+    per_token: list[torch.Tensor] | None = None
+    per_example: list[torch.Tensor] | None = None
+    examples = tokens = 0
+    with frozen_for_gate_gradients(model), head_gates(model) as gates:
+        for batch in tqdm(batches, desc="importance", disable=not progress, leave=False):
+            batch = {k: v.to(device) for k, v in batch.items()}
+            size, length = batch["input_ids"].shape
+            real = batch.get("attention_mask", torch.ones(size, length, device=device)).to(torch.float32)
+            leaves = gates.per_position(size, length)
+            per_example_loss(model, batch).sum().backward()
+            grads = [gate_grad(leaf) * real.unsqueeze(-1) for leaf in leaves]
+            token_sums = [g.abs().sum(dim=(0, 1)) for g in grads]
+            example_sums = [g.sum(dim=1).abs().sum(dim=0) for g in grads]
+            per_token = token_sums if per_token is None else [t + g for t, g in zip(per_token, token_sums,
+                                                                                    strict=True)]
+            per_example = example_sums if per_example is None else [t + g for t, g in zip(per_example, example_sums,
+                                                                                          strict=True)]
+            examples += size
+            tokens += int(real.sum())
+    if per_token is None or per_example is None:
+        raise ValueError("token_head_importance got no batches: the scoring data is empty")
+    return [t.detach().cpu() / tokens for t in per_token], [t.detach().cpu() / examples for t in per_example]
+
+
 def normalize_per_layer(importance: Sequence[torch.Tensor], p: float | None = 2.0) -> list[torch.Tensor]:
     """Divide each site's scores by their L_p norm within the site (the paper: p=2). None: unchanged."""
     if p is None:

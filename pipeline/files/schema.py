@@ -28,6 +28,9 @@ CLASSIFICATION_METRICS = ("accuracy", "matthews", "f1")
 # What goes together under grouped-query attention (`prune.unit`): the same number of query heads from every
 # key/value group of a layer, or whole groups with their key/value head (pipeline/core/importance.py).
 HEAD_UNITS = ("query", "group")
+# The score stage's estimators of I_h: "example" is the paper's E_x |dL(x)/dxi_h|; "token" the mean of |dL(x)/dxi_h|
+# over every token position (a gate per position), so that a head's opposite-signed effects cannot cancel.
+SCORE_ESTIMATORS = ("example", "token")
 # --- where models run (the `runtime` params; pipeline/core/runtime.py maps them to torch) -------------
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = "auto, cpu, cuda or cuda:N"  # auto: the GPU when there is one
@@ -85,7 +88,8 @@ RANDOM = "random"  # mean of random orders over seeds
 # Other tools' head criteria, ranked and chosen as the importance order is (`prune.criteria`):
 MAGNITUDE = "magnitude"  # Torch-Pruning's weight magnitude
 ACTIVATION = "activation"  # Minitron's mean head-activation norm
-HEAD_CRITERIA = (MAGNITUDE, ACTIVATION)
+PAPER_IMPORTANCE = "paper-importance"  # the paper's estimator and L2 normalisation, beside another score stage setting
+HEAD_CRITERIA = (MAGNITUDE, ACTIVATION, PAPER_IMPORTANCE)
 PAPER = "paper"  # budgeted comparison: the paper's order, heads removed until the model fits the budget
 BUDGETED_HEADS, BUDGETED, BUDGETED_TUNED = "budgeted-heads", "budgeted", "budgeted-tuned"
 BUDGETED_METHODS = (BUDGETED_HEADS, BUDGETED, BUDGETED_TUNED)
@@ -196,6 +200,8 @@ TASK_METRIC, TASK_MODEL, TASK_DATA, TASK_DATA_ATTRIBUTION = "metric", "model", "
 IMPORTANCE_TABLE, ABLATION_TABLE = "importance.csv", "ablation.csv"
 ONE_HEAD_TABLE, ONE_GROUP_TABLE = "one_head.csv", "one_group.csv"
 CURVE_TABLE, BUDGETED_TABLE, LAYERS_TABLE = "pruning_curve.csv", "budgeted_curve.csv", "budgeted_layers.csv"
+# Grouped-query attention with prune.compare_units: every curve of CURVE_TABLE again in the other unit.
+OTHER_UNIT_CURVE_TABLE = "pruning_curve_other_unit.csv"
 RECOVERY_TABLE, TRAINING_LOSS_TABLE = "recovery.csv", "training_loss.csv"  # the latter: models trained from scratch
 BENCHMARK_TABLE, BUDGETED_BENCHMARK_TABLE, LLM_BENCHMARK_TABLE = (
     "benchmark.csv", "benchmark_budgeted.csv", "llm_benchmark.csv")
@@ -205,6 +211,7 @@ TABLE_COLUMNS = {
     ONE_HEAD_TABLE: ["kind", "layer", "best_head", "metric", "delta"],
     ONE_GROUP_TABLE: ["kind", "layer", "best_group", "heads", "metric", "delta"],  # grouped-query attention only
     CURVE_TABLE: ["method", "split", "fraction_pruned", "metric"],
+    OTHER_UNIT_CURVE_TABLE: ["unit", "method", "split", "fraction_pruned", "heads_pruned", "metric"],
     BUDGETED_TABLE: ["method", "split", "budget_removed", "fraction_flops_removed", "heads_pruned",
                      "neurons_pruned", "metric", "examples", "seconds", "collapsed"],
     # What each budgeted model keeps, layer by layer (unit: heads or neurons; of: the unpruned model's count).

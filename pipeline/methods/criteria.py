@@ -8,6 +8,8 @@ site (higher: more important), so `rank_heads(scores, groups, unit)` and `select
   at e80127d: `GroupMagnitudeImportance(p=2, group_reduction="mean")`). Needs no data.
 - `activation_norm`: Minitron's criterion (Muralidharan et al., 2024, "Compact Language Models via Pruning and
   Knowledge Distillation"): the size of each head's output on calibration tokens. Needs a forward pass, no labels.
+- `paper-importance`: the paper's E_x |dL(x)/dxi_h| (`head_importance`), drawn beside a score stage that ranks
+  otherwise (score.estimator, score.normalize_p), so that the paper's own order stays on the plot.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from pipeline.core.importance import head_importance
 from pipeline.core.sites import attention_sites
-from pipeline.files.schema import ACTIVATION, CROSS, HEAD_CRITERIA, MAGNITUDE
+from pipeline.files.schema import ACTIVATION, CROSS, HEAD_CRITERIA, MAGNITUDE, PAPER_IMPORTANCE
 
 MODEL_INPUTS = ("input_ids", "attention_mask")
 
@@ -121,4 +124,6 @@ def head_scores(criterion: str, model: nn.Module, batches: Iterable[Mapping[str,
         return weight_magnitude(model)
     if criterion == ACTIVATION:
         return activation_norm(model, batches, progress=False)
+    if criterion == PAPER_IMPORTANCE:  # the paper's own estimator, beside a score stage set otherwise
+        return head_importance(model, batches, progress=False)
     raise ValueError(f"unknown head criterion {criterion!r}; choose one of {', '.join(HEAD_CRITERIA)}")

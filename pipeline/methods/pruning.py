@@ -26,7 +26,15 @@ from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice, head_import
 from pipeline.core.sites import AttentionSite, attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.files.artifacts import DamagedArtifact, read_table
-from pipeline.files.schema import IMPORTANCE, RANDOM, REESTIMATED, checkpoint_method, kind_method, within_tolerance
+from pipeline.files.schema import (
+    IMPORTANCE,
+    PAPER_IMPORTANCE,
+    RANDOM,
+    REESTIMATED,
+    checkpoint_method,
+    kind_method,
+    within_tolerance,
+)
 from pipeline.methods.criteria import head_scores
 from pipeline.tasks.evaluation import TaskEval
 
@@ -147,19 +155,23 @@ def paper_curves(
     return curves
 
 
-def criterion_curves(
-    evaluator: CurveEvaluator, criteria: Sequence[str], batches: Sequence[Mapping[str, torch.Tensor]],
-    counts: Sequence[int], choice: HeadChoice = PAPER_CHOICE, normalize_p: float | None = 2.0,
-) -> list[pd.DataFrame]:
-    """Other tools' head criteria (`HEAD_CRITERIA`: Torch-Pruning's magnitude, Minitron's activation norm on
-    `batches`), one curve each, normalised per layer, ranked and chosen exactly as the importance order is, so
-    that only the scores differ."""
+def criterion_scores(model: nn.Module, criteria: Sequence[str], batches: Sequence[Mapping[str, torch.Tensor]],
+                     normalize_p: float | None = 2.0) -> dict[str, list[torch.Tensor]]:
+    """Each of `criteria` (`HEAD_CRITERIA`: Torch-Pruning's magnitude, Minitron's activation norm and the paper's
+    importance on `batches`), normalised per layer as the importance order is; the paper's importance as the paper
+    normalises it (L2 per layer), whatever `normalize_p` says."""
+    return {criterion: normalize_per_layer(head_scores(criterion, model, batches),
+                                           2.0 if criterion == PAPER_IMPORTANCE else normalize_p)
+            for criterion in criteria}
+
+
+def criterion_curves(evaluator: CurveEvaluator, scores: Mapping[str, Sequence[torch.Tensor]], counts: Sequence[int],
+                     choice: HeadChoice = PAPER_CHOICE) -> list[pd.DataFrame]:
+    """One curve per criterion of `scores` (`criterion_scores`), ranked and chosen exactly as the importance order
+    is, so that only the scores differ."""
     sites = attention_sites(evaluator.model)
-    curves = []
-    for criterion in criteria:
-        scores = normalize_per_layer(head_scores(criterion, evaluator.model, batches), normalize_p)
-        curves.append(evaluator.curve(criterion, plans_from_order(choice.rank(scores, sites), sites, counts, choice)))
-    return curves
+    return [evaluator.curve(criterion, plans_from_order(choice.rank(list(by_site), sites), sites, counts, choice))
+            for criterion, by_site in scores.items()]
 
 
 def kind_curves(evaluator: CurveEvaluator, order: Sequence[Head], levels: Sequence[float],
