@@ -49,9 +49,10 @@ def main() -> None:
     if workers > 1:
         ablation, one_head = sharded_ablation_tables(functools.partial(model_and_eval, exp.params_file),
                                                      len(attention_sites(model)), workers, p.ablate.n_resamples,
-                                                     p.seed)
+                                                     p.seed, p.ablate.one_head)
     else:
-        ablation, one_head = ablation_tables(model, task_eval, p.ablate.n_resamples, p.seed)
+        ablation, one_head = ablation_tables(model, task_eval, p.ablate.n_resamples, p.seed,
+                                             one_head=p.ablate.one_head)
     ablation["examples"] = len(task_eval)
     write_csv(exp.reports / ABLATION_TABLE, ablation)
     write_csv(exp.reports / ONE_HEAD_TABLE, one_head)
@@ -59,16 +60,16 @@ def main() -> None:
     summary = {"split": p.ablate.split, "examples": len(task_eval), "heads": len(ablation),
                "significant": len(significant), "significant_improving": int((significant.delta > 0).sum()),
                "worst_delta": round(float(ablation.delta.min()), 4),
-               "worst_one_head_delta": round(float(one_head.delta.min()), 4)}
+               "worst_one_head_delta": round(float(one_head.delta.min()), 4) if len(one_head) else None}
     if exp.is_language_modeling:  # grouped-query attention: Tables 2/3 with a whole key/value group per layer kept
         one_group = one_group_table(model, task_eval)
         write_csv(exp.reports / ONE_GROUP_TABLE, one_group)
         summary["worst_one_group_delta"] = round(float(one_group.delta.min()), 4) if len(one_group) else None
     write_json(exp.reports / ABLATE_SUMMARY, summary)
     log.info("ablate (%s, %d examples): %d of %d single-head removals significant (p<%g), %d of them improve; "
-             "worst delta %.2f, worst one-head layer delta %.2f", p.ablate.split, len(task_eval),
+             "worst delta %.2f, worst one-head layer delta %s", p.ablate.split, len(task_eval),
              summary["significant"], summary["heads"], ALPHA, summary["significant_improving"],
-             ablation.delta.min(), one_head.delta.min())
+             ablation.delta.min(), summary["worst_one_head_delta"])
 
 
 if __name__ == "__main__":

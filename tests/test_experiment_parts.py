@@ -123,13 +123,40 @@ def test_replaying_lower_layers_gives_the_same_predictions_as_running_them():
     with head_gates(model) as gates:
         gates[1][2] = 0.0
         expected = predict(model, eval_set)
-        outputs = record_block_outputs(model, stack[0], eval_set)
+        outputs = record_block_outputs(model, stack[0], eval_set.batches)
         stack[0].forward = None  # the replay must not run block 0 at all
         with replay_blocks_below(model, stack, 1, outputs):
             replayed = predict(model, eval_set)
         del stack[0].forward
     assert len(outputs) == len(eval_set.batches)
     assert np.array_equal(expected, replayed)
+
+
+def test_perplexity_ablation_replays_the_layers_below_and_gives_the_tables_of_running_every_layer():
+    from pipeline.lm.perplexity import LanguageModelEval
+    from pipeline.methods.ablation import one_group_table
+    from tests.tiny_models import tiny_batch
+
+    model = tiny_model("llama")
+    sequences = [ids[ids != 0].tolist() for ids in tiny_batch("llama", batch_size=6, padded=False)["input_ids"]]
+    replayed = LanguageModelEval(sequences, pad_id=0, batch_size=4)
+
+    class RunEveryLayer(LanguageModelEval):  # the same evaluation, without the inputs that the replay needs
+        model_inputs = None
+
+    full = RunEveryLayer(sequences, pad_id=0, batch_size=4)
+    calls = []
+    # Layer 0's attention runs only when layer 0 does: a replayed layer returns its recorded output instead.
+    handle = layer_stack(model, "decoder")[0].self_attn.register_forward_hook(lambda *_: calls.append(1))
+    tables = ablation_tables(model, replayed, n_resamples=100, progress=False)
+    layer_0_calls, calls[:] = len(calls), []
+    expected = ablation_tables(model, full, n_resamples=100, progress=False)
+    handle.remove()
+    assert layer_0_calls < len(calls)  # the replay skipped layer 0 for every site above it
+    for got, want in zip(tables, expected, strict=True):
+        pd.testing.assert_frame_equal(got, want)
+    pd.testing.assert_frame_equal(one_group_table(model, replayed, progress=False),
+                                  one_group_table(model, full, progress=False))
 
 
 def test_ablation_tables_match_masking_each_head_by_hand():

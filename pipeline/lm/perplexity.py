@@ -53,6 +53,11 @@ class LanguageModelEval:
     def __len__(self) -> int:
         return len(self.order)
 
+    @property
+    def model_inputs(self) -> list[dict[str, torch.Tensor]]:
+        """The inputs of the evaluation's model calls, one per batch, in order (the ablation replays layers on them)."""
+        return [{"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]} for b in self.batches]
+
     @torch.inference_mode()
     def outputs(self, model: nn.Module, progress: bool = False) -> np.ndarray:
         """(summed NLL, predicted tokens) of every sequence, in the split's order, float64."""

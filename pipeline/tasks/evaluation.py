@@ -133,6 +133,11 @@ class ClassificationEval:
     def __len__(self) -> int:
         return len(self.eval_set)
 
+    @property
+    def model_inputs(self) -> list[dict[str, torch.Tensor]]:
+        """The inputs of the evaluation's model calls, one per batch, in order (the ablation replays layers on them)."""
+        return self.eval_set.batches
+
     def __call__(self, model: nn.Module) -> tuple[float, np.ndarray]:
         """(score, per-example outputs for `pvalue`)."""
         with self.runtime.autocast():
