@@ -190,6 +190,17 @@ def test_an_unsupported_family_is_refused_in_prepare_with_the_supported_ones_lis
                            "supported families (config.json model_type): bart, bert, distilbert, electra,")
 
 
+def test_a_gemma_3_text_folder_passes_the_family_check_and_the_multimodal_gemma_3_is_refused(project):
+    for name, model_type in (("gemma", "gemma3_text"), ("gemma-vision", "gemma3")):
+        Path(name).mkdir()
+        (Path(name) / "config.json").write_text(json.dumps({"model_type": model_type}))
+        (Path(name) / "model.safetensors").write_bytes(b"")
+        (Path(name) / "tokenizer.json").write_text("{}")
+    assert problems(model={"name_or_path": "gemma"}) == []
+    assert only(problems(model={"name_or_path": "gemma-vision"})).startswith(
+        "model.name_or_path: gemma-vision is a gemma3 model, which the head-surgery core does not support")
+
+
 def test_a_hub_id_or_glue_task_while_the_hub_is_unreachable_says_so_and_how_to_use_local_files(project):
     model, data = problems(model={"name_or_path": "bert-base-uncased"}, data={"source": "glue/mnli"})
     assert model.startswith("model.name_or_path: 'bert-base-uncased' is no local folder, so it names a Hugging Face "

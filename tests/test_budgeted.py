@@ -165,7 +165,8 @@ def _last_hidden(model, batch) -> torch.Tensor:
     return model(**inputs, output_hidden_states=True).hidden_states[-1]
 
 
-@pytest.mark.parametrize("family", [*ENCODERS, "llama", "gpt2", "opt"])  # post-norm encoders, pre-norm decoders
+# Post-norm encoders, pre-norm decoders, and Gemma 3's decoder that also normalises its sublayers' outputs.
+@pytest.mark.parametrize("family", [*ENCODERS, "llama", "gpt2", "opt", "gemma3_text"])
 def test_tune_on_an_unpruned_copy_changes_nothing(family):
     teacher = tiny_model(family, attn_implementation="eager")
     student = copy.deepcopy(teacher)
@@ -308,7 +309,7 @@ def test_selection_plans_name_original_indices_of_the_units_that_go():
 # --- decoder-only language models: pre-norm tuning, grouped-query units ------------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3_text"])
 def test_tuning_a_pruned_pre_norm_decoder_fits_its_layers_better_than_no_tuning(family):
     teacher = sharpened(family)
     if family == "gpt2":  # Conv1D, not nn.Linear: sharpen its weights too

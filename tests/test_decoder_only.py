@@ -1,6 +1,6 @@
-"""Specification of the head-surgery core on decoder-only language models: Llama, Qwen2, Qwen3 and Mistral
-(grouped-query attention, head_dim != hidden / heads), OPT and GPT-2 (multi-head attention; GPT-2's fused
-Conv1D projections)."""
+"""Specification of the head-surgery core on decoder-only language models: Llama, Qwen2, Qwen3, Mistral and
+Gemma 3 (grouped-query attention, head_dim != hidden / heads; Gemma 3 with sliding-window layers shorter than the
+sequences), OPT and GPT-2 (multi-head attention; GPT-2's fused Conv1D projections)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pipeline.core.importance import (
     select_heads,
     token_head_importance,
 )
-from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only
+from pipeline.core.sites import attention_sites, family_of, ffn_sites, is_decoder_only, layer_stack, pre_norms
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import PRUNING_FILE
 from pipeline.methods.budgeted import gate_gradients
@@ -86,6 +86,36 @@ def test_sites_are_the_decoder_self_attentions_with_their_key_value_groups(famil
     assert (ffn_sites(model)[0].fc_gate is not None) == (family in GQA)  # SwiGLU's gate_proj
 
 
+def added_to_the_residual(model, layer: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The modules whose outputs the residual adds: the output projections, or Gemma 3's norms on them."""
+    if family_of(model).normed_outputs:
+        block = layer_stack(model, "decoder")[layer]
+        return block.post_attention_layernorm, block.post_feedforward_layernorm
+    return attention_sites(model)[layer].out_proj, ffn_sites(model)[layer].fc_out
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_pre_norms_read_the_residual_stream_that_each_sublayer_adds_its_output_to(family):
+    # What budgeted tuning relies on (pipeline.methods.budgeted.tune): layer input + attention's contribution is the
+    # FFN pre-norm's input, and that + the FFN's contribution is the next layer's input.
+    model, batch = lm(family), tiny_batch(family)
+    seen: dict[torch.nn.Module, torch.Tensor] = {}
+    watched = [m for i, norms in enumerate(pre_norms(model)) for m in (*norms, *added_to_the_residual(model, i))]
+    handles = [m.register_forward_hook(lambda m, args, out: seen.update({m: (args[0], out)})) for m in watched]
+    with torch.no_grad():
+        layer_inputs = model(input_ids=batch["input_ids"], output_hidden_states=True).hidden_states
+    for handle in handles:
+        handle.remove()
+    tokens = [t.reshape(-1, t.shape[-1]) for t in layer_inputs]  # OPT runs its FFN on `[batch * seq, hidden]`
+    for i, (attention_norm, ffn_norm) in enumerate(pre_norms(model)):
+        attention_out, ffn_out = (seen[m][1].reshape(tokens[i].shape) for m in added_to_the_residual(model, i))
+        ffn_input = seen[ffn_norm][0].reshape(tokens[i].shape)
+        assert torch.equal(seen[attention_norm][0].reshape(tokens[i].shape), tokens[i])
+        torch.testing.assert_close(ffn_input, tokens[i] + attention_out)
+        if i + 1 < len(tokens) - 1:  # the last entry is after the final norm
+            torch.testing.assert_close(tokens[i + 1], ffn_input + ffn_out)
+
+
 # --- gates and their gradients ----------------------------------------------------------------------------
 
 
@@ -101,14 +131,19 @@ def test_gates_at_one_are_bit_identical_to_no_gates(family, impl):
     assert torch.equal(logits(model, batch), reference)
 
 
+def _rms_norm_in_float64(m, x):
+    if hasattr(m, "variance_epsilon"):  # Llama's RMSNorm and its copies scale by the weight
+        return m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon)
+    return (1 + m.weight) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.eps)  # Gemma's by 1 + the weight
+
+
 def in_float64(model):
     """`model` in float64 throughout: RMSNorm (and eager attention's softmax) compute in float32 by design, which
     would put float32 noise into the finite differences; these modules' float64 forwards are the same formula."""
     model = model.double()
     for module in model.modules():
         if type(module).__name__.endswith("RMSNorm"):
-            module.forward = types.MethodType(
-                lambda m, x: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon), module)
+            module.forward = types.MethodType(_rms_norm_in_float64, module)
     return model
 
 
@@ -297,6 +332,7 @@ UNIFORM = {  # per family, a uniform plan whose shape the family's own config de
     "qwen2": [0, 4],  # 6 query heads on 2 KV heads: Qwen2Config takes head_dim as given
     "qwen3": [0, 1, 2, 3],  # one whole group: 4 query heads on 1 KV head
     "mistral": [0, 1, 2, 3],  # two whole groups of 2: 4 query heads on 2 KV heads
+    "gemma3_text": [0, 1, 4, 5],  # as Llama: Gemma3TextConfig also demands that the heads divide hidden_size
 }
 
 
@@ -332,12 +368,13 @@ def test_a_uniformly_pruned_gqa_model_loads_with_stock_from_pretrained_in_a_fres
 
 @pytest.mark.parametrize("family,why", [
     ("llama", r"LlamaConfig refuses .*'num_attention_heads': 6.*not a multiple of the number of attention heads"),
+    ("gemma3_text", r"Gemma3TextConfig refuses .*'num_attention_heads': 6.*not a multiple of the number of attention"),
     ("gpt2", r"GPT2Config refuses .*'n_head': 3"),
     ("opt", r"OPTConfig refuses .*'num_attention_heads': 3"),
 ])
 def test_a_shape_the_family_config_cannot_say_is_saved_in_the_projects_format_with_the_reason(family, why, tmp_path):
     model, batch = lm(family), tiny_batch(family)
-    plan = {s: [0, 4] for s in range(3)} if family == "llama" else {s: [0] for s in range(3)}
+    plan = {s: [0, 4] for s in range(3)} if family in ("llama", "gemma3_text") else {s: [0] for s in range(3)}
     prune_heads(model, plan)
     config, reason = stock_config(model)
     assert config is None and re.search(why, reason), reason

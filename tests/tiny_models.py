@@ -41,6 +41,13 @@ CONFIGS.update({
     "qwen2": (transformers.Qwen2Config, _GQA, transformers.Qwen2ForCausalLM),
     "qwen3": (transformers.Qwen3Config, _GQA, transformers.Qwen3ForCausalLM),
     "mistral": (transformers.MistralConfig, {**_GQA, "num_key_value_heads": 4}, transformers.MistralForCausalLM),
+    # Gemma 3: two sliding-window layers (window 4, shorter than the test sequences) then a full-attention one, as its
+    # checkpoints end each run of sliding layers (so the decoder tests' emptied layer 1 is a sliding one), q/k norms,
+    # norms on the sublayer outputs too, and an attention scale from query_pre_attn_scalar rather than head_dim.
+    "gemma3_text": (transformers.Gemma3TextConfig,
+                    {**_GQA, "sliding_window": 4, "query_pre_attn_scalar": 8,
+                     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+                    transformers.Gemma3ForCausalLM),
     "opt": (transformers.OPTConfig, dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, ffn_dim=37,
                                          word_embed_proj_dim=32, max_position_embeddings=64, eos_token_id=EOS,
                                          bos_token_id=PAD, **_COMMON), transformers.OPTForCausalLM),
@@ -50,8 +57,8 @@ CONFIGS.update({
 })
 SEQ2SEQ = {"marian", "bart"}
 # The decoder-only families have their own tests (tests/test_decoder_only.py): other head counts and batches.
-LM_FAMILIES = ["gpt2", "llama", "mistral", "opt", "qwen2", "qwen3"]
-GQA = {"llama", "qwen2", "qwen3", "mistral"}
+LM_FAMILIES = ["gemma3_text", "gpt2", "llama", "mistral", "opt", "qwen2", "qwen3"]
+GQA = {"llama", "qwen2", "qwen3", "mistral", "gemma3_text"}
 FAMILIES = sorted(set(CONFIGS) - set(LM_FAMILIES))  # the encoder and encoder-decoder families
 # MPNet has no sdpa implementation in transformers; every other family is checked under both.
 FAMILY_IMPLS = [(f, impl) for f in FAMILIES for impl in ("sdpa", "eager") if not (f == "mpnet" and impl == "sdpa")]

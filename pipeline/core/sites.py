@@ -8,7 +8,7 @@ is the concatenation of the heads, which attributes the module reads for its hea
 heads share key/value heads (grouped-query attention), which linears make each feed-forward block, and
 how a pruned shape is written as the family's own config. Adding a family is one entry in `FAMILIES`.
 
-Grouped-query attention (Llama, Qwen2/3, Mistral): query head h reads key/value head
+Grouped-query attention (Llama, Qwen2/3, Mistral, Gemma 3): query head h reads key/value head
 h // group_size, where group_size = num_heads / num_kv_heads and the heads of a group are contiguous.
 Multi-head attention is the case group_size = 1: every query head has a key/value head of its own.
 """
@@ -184,8 +184,9 @@ _SEQ2SEQ_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "he
 # fairseq's MultiheadAttention reshapes its output with `embed_dim` (= num_heads * head_dim) and is time-major.
 _FAIRSEQ_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "head_dim", "embed_dim",
                                   projects_output=True, batch_dim=1, query_arg="query")
-# Llama, Qwen2, Qwen3 and Mistral reshape with head_dim and -1, and repeat each key/value head
-# num_key_value_groups times; Qwen3's per-head q_norm/k_norm are shared by the heads, so they stay as they are.
+# Llama, Qwen2, Qwen3, Mistral and Gemma 3 reshape with head_dim and -1, and repeat each key/value head
+# num_key_value_groups times; Qwen3's and Gemma 3's per-head q_norm/k_norm (over head_dim) are shared by the heads,
+# so they stay as they are.
 _GQA_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", None, "head_dim", None, projects_output=True,
                               group_size_attr="num_key_value_groups")
 _OPT_LAYOUT = AttentionLayout("q_proj", "k_proj", "v_proj", "num_heads", "head_dim", None, projects_output=True)
@@ -293,6 +294,10 @@ class Family:
     # Pre-norm families: per layer, the norms in front of its attention and its FFN, whose input is the residual
     # stream that the sublayer's output is added to. None: post-norm (the residual is the sublayer's own input).
     pre_norms: Callable[[nn.Module], Iterator[tuple[nn.Module, nn.Module]]] | None = None
+    # True when each sublayer's output also passes through a norm of its own before it is added to the residual
+    # (Gemma 3's post_attention_layernorm and post_feedforward_layernorm): the residual stream then changes by a
+    # nonlinear function of the output projection's output, which `pipeline.methods.budgeted.tune` must know.
+    normed_outputs: bool = False
 
 
 def _gqa_keys(shape: PrunedShape) -> dict:
@@ -334,6 +339,16 @@ def _gqa_family() -> Family:
                   _gated_mlp_ffn, _gqa_keys, _norms("layers", "input_layernorm", "post_attention_layernorm"))
 
 
+def _gemma3_family() -> Family:
+    # Llama's layout and names, with four norms per layer: `input_layernorm` and `pre_feedforward_layernorm` in front
+    # of the sublayers, their input the residual stream (so they are the pre-norms), and `post_attention_layernorm`
+    # and `post_feedforward_layernorm` on the sublayers' outputs before the residual adds them (`normed_outputs`);
+    # Llama's `post_attention_layernorm` is the FFN's pre-norm, Gemma's is not.
+    return Family(_GQA_LAYOUT, _decoder_only("layers", "self_attn", "o_proj"), _decoder_stack("layers"),
+                  _gated_mlp_ffn, _gqa_keys, _norms("layers", "input_layernorm", "pre_feedforward_layernorm"),
+                  normed_outputs=True)
+
+
 def _encoder_stack(path: str) -> Callable[[nn.Module], dict[str, nn.ModuleList]]:
     def stacks(base: nn.Module) -> dict[str, nn.ModuleList]:
         return {ENCODER: base.get_submodule(path)}
@@ -362,6 +377,12 @@ FAMILIES: dict[str, Family] = {
     "qwen2": _gqa_family(),
     "qwen3": _gqa_family(),
     "mistral": _gqa_family(),
+    # Gemma 3's text model (Gemma3ForCausalLM: the 270M and 1B checkpoints; the larger ones are "gemma3", multimodal,
+    # with the text model inside and its config nested, which no entry here describes). Nothing in its attention
+    # depends on the head count: it scales scores by query_pre_attn_scalar ** -0.5, a number of its config, and its
+    # sliding-window layers differ from the full ones only in their mask. Its embeddings are scaled by
+    # sqrt(hidden_size), which pruning heads and neurons leaves alone.
+    "gemma3_text": _gemma3_family(),
     # OPT-350m normalises after its sublayers (do_layer_norm_before: false); `pre_norms` says which it is.
     "opt": Family(_OPT_LAYOUT, _decoder_only("decoder.layers", "self_attn", "out_proj"),
                   _decoder_stack("decoder.layers"), _opt_ffn, _opt_keys,

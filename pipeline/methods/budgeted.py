@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from pipeline.core.flops import module_flops
 from pipeline.core.gates import gate_grad, head_gates, neuron_gates
 from pipeline.core.importance import PAPER_CHOICE, HeadChoice, frozen_for_gate_gradients, per_example_loss
-from pipeline.core.sites import attention_sites, ffn_sites, is_decoder_only, pre_norms
+from pipeline.core.sites import attention_sites, family_of, ffn_sites, is_decoder_only, pre_norms
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED, ENCODER
 from pipeline.methods.bench import median_times
@@ -454,8 +454,11 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
     layers also correct earlier layers' errors. `first_token_last_layer`: a sequence classifier reads only the
     first token of the last layer, so only that token is matched there. Encoder-only post-norm models (every
     supported classification family: the residual is the sublayer's input) and decoder-only language models
-    (pre-norm: the residual is the input of the norm in front of the sublayer). Returns how many sublayers were
-    tuned and how many kept their scales at 1.
+    (pre-norm: the residual is the input of the norm in front of the sublayer). Gemma 3 also normalises each
+    sublayer's output before the residual adds it, so its layers' outputs are not linear in the scales: there each
+    sublayer's output before that norm is matched to the teacher's, residual left out (matched exactly, the norm
+    gives the teacher's contribution); the fit on the student's own inputs still corrects earlier layers' errors
+    in part. Returns how many sublayers were tuned and how many kept their scales at 1.
     """
     s_sites, t_sites = attention_sites(student), attention_sites(teacher)
     s_ffn, t_ffn = ffn_sites(student), ffn_sites(teacher)
@@ -465,6 +468,9 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
                          f"sublayer per layer); {type(student).__name__} has {len(s_sites)} attention and "
                          f"{len(s_ffn)} FFN sites")
     s_norms, t_norms = pre_norms(student), pre_norms(teacher)
+    # Adding the residual to the target where the output is normalised first would ask the output projection for the
+    # residual stream's difference, in units the norm then rescales: scales far from 1 even for an unpruned copy.
+    adds_residual = not family_of(student).normed_outputs
     device = next(student.parameters()).device
     batches = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
     masks = [batch["attention_mask"] for batch in batches]
@@ -496,9 +502,11 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
             current[key] = residual_of(layout, key[0], t_norms is not None, args, kwargs)
 
         def grab_target(_m, _args, output, key=(kind, i), first_only=first_only):
-            targets[key].append(_tokens(output + current.pop(key), current["mask"], first_only).double())
+            target = output + current.pop(key) if adds_residual else output
+            targets[key].append(_tokens(target, current["mask"], first_only).double())
 
-        handles.append(entry.register_forward_pre_hook(grab_residual, with_kwargs=True))
+        if adds_residual:
+            handles.append(entry.register_forward_pre_hook(grab_residual, with_kwargs=True))
         handles.append(exit_.register_forward_hook(grab_target))
     try:
         for mask, batch in zip(masks, inputs, strict=True):
@@ -529,8 +537,9 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
                 captured["parts"] = args[0]
                 raise _Stop
 
-            handles = [entry.register_forward_pre_hook(grab_residual, with_kwargs=True),
-                       exit_.register_forward_pre_hook(grab_parts)]
+            handles = [exit_.register_forward_pre_hook(grab_parts)]
+            if adds_residual:
+                handles.append(entry.register_forward_pre_hook(grab_residual, with_kwargs=True))
             try:
                 for mask, batch, target in zip(masks, inputs, targets[(kind, i)], strict=True):
                     try:
@@ -538,7 +547,7 @@ def tune(student: nn.Module, teacher: nn.Module, batches: Batches, first_token_l
                     except _Stop:
                         pass
                     parts = _tokens(captured["parts"], mask, first_only).double()
-                    residual = _tokens(captured["residual"], mask, first_only).double()
+                    residual = _tokens(captured["residual"], mask, first_only).double() if adds_residual else 0.0
                     b = target - bias - residual  # what the units' weighted sum must produce
                     if kind == "attention":
                         # Each head's own contribution to the output: its slice of the context times its columns.
