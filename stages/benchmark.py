@@ -40,7 +40,6 @@ from pipeline.files.schema import (
     SEARCHED_WIDTHS,
     TABLE_COLUMNS,
     UNPRUNED_MODEL,
-    kv_groups_label,
 )
 from pipeline.methods.bench import (
     SPEEDUP_SPREAD,
@@ -102,10 +101,8 @@ def translation(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame
 
 
 def language_model(exp: Experiment, runtime: Runtime) -> pd.DataFrame:
-    b, pp = exp.params.benchmark, exp.params.prune
-    models = {UNPRUNED_MODEL: exp.load(exp.finetuned_dir),
-              **{f"{f:.0%} of heads ({pp.unit})": exp.load(exp.pruned_dir(f)) for f in pp.save_fractions},
-              **{kv_groups_label(f): exp.load(exp.kv_groups_dir(f)) for f in pp.kv_group_fractions}}
+    b = exp.params.benchmark
+    models = {label: exp.load(path) for label, path in exp.saved_models().items()}
     return llm_benchmark(models, b.batch_sizes, b.prompt_tokens, b.new_tokens, b.repeats, runtime, b.turn_seconds)
 
 

@@ -302,9 +302,16 @@ def test_wikitext_maps_validation_to_dev_and_drops_empty_rows(tmp_path, monkeypa
 # --- params ---------------------------------------------------------------------------------------------------------
 
 
-def test_default_lm_params_are_a_gqa_llama_and_the_llm_params_file_validates():
+def test_the_llm_default_is_the_pretrained_smollm2_on_wikitext_and_the_scratch_llama_is_an_experiment_file():
     params = parse_params(yaml.safe_load((ROOT / "llm" / "params.yaml").read_text()))
-    assert params.task == "language-modeling" and params.model.kv_heads < params.model.heads
+    assert params.task == "language-modeling" and (params.model.name_or_path, params.data.source) == ("default",) * 2
+    assert params.data.max_eval_texts >= 1000  # perplexity over at least 1,000 texts a split
+    scratch = parse_params(yaml.safe_load((ROOT / "experiments" / "tatoeba-llama.yaml").read_text()))
+    assert (scratch.model.name_or_path, scratch.data.source) == ("scratch", "tatoeba")
+    assert scratch.model.kv_heads < scratch.model.heads
+    # DVC needs every param a stage declares in the file: the same sections as llm/params.yaml, no fewer.
+    assert set(yaml.safe_load((ROOT / "llm" / "params.yaml").read_text())) <= set(
+        yaml.safe_load((ROOT / "experiments" / "tatoeba-llama.yaml").read_text()))
 
 
 @pytest.mark.parametrize(("raw", "message"), [
@@ -325,7 +332,7 @@ def test_bad_lm_params_fail_in_one_line(raw, message):
 
 
 def tiny_lm_params() -> dict:
-    params = yaml.safe_load((ROOT / "llm" / "params.yaml").read_text())
+    params = yaml.safe_load((ROOT / "experiments" / "tatoeba-llama.yaml").read_text())
     params["experiment"] = "tiny-lm"
     params["runtime"]["device"] = "cpu"
     params["model"].update(vocab_size=120, hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate_size=48)

@@ -28,6 +28,7 @@ from pipeline.files.schema import (
     HEAD_UNITS,
     LANGUAGE_MODELING,
     PRECISIONS,
+    RECOVERY_METHODS,
     SCORE_ESTIMATORS,
     SCRATCH,
     SPLITS,
@@ -106,6 +107,8 @@ class AblateParams(Section):
     # A seeded subset of the split (null: all of it); the 2 x heads masked evaluations scale with it.
     max_examples: int | None = Field(300, ge=10)
     n_resamples: int = Field(1000, ge=100)
+    # Tables 2/3: every layer reduced to each of its heads in turn (as many evaluations again as Table 1).
+    one_head: bool = True
 
 
 class ScoreParams(Section):
@@ -534,11 +537,27 @@ class LanguageModelingBenchmarkParams(GenerationBenchmarkParams):
 
 
 class LanguageModelingRecoverParams(LanguageModelTrainParams):
-    """Recovery after pruning: the same optimiser as training, briefly and gently."""
+    """Recovery after pruning, of every model the prune stage saved: LoRA adapters merged back (LLM-Pruner's
+    recovery) or every weight fine-tuned (full), briefly; perplexity before and after on a seeded subset of test."""
 
+    method: Literal[RECOVERY_METHODS] = "full"
     steps: int = Field(50, ge=1)
     learning_rate: float = Field(2e-4, gt=0)
     warmup_steps: int = Field(5, ge=0)
+    rank: int = Field(8, ge=1)  # LoRA: the rank of each adapted linear's update B A, scaled by alpha / rank
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)  # LoRA: on each adapter's input
+    max_examples: int | None = Field(None, ge=10)  # test windows for the before/after perplexity (null: all)
+
+
+class ZeroShotParams(Section):
+    """Zero-shot accuracy through lm-evaluation-harness and greedy completions (the zero_shot stage)."""
+
+    # Questions per task, a seeded sample of the offline data that prepare writes as lm-eval task files.
+    items: int = Field(300, ge=10)
+    batch_size: int = Field(16, ge=1)
+    prompts: list[str] = Field(default_factory=lambda: ["The capital of France is"], min_length=1)
+    new_tokens: int = Field(24, ge=1)
 
 
 class LanguageModelingParams(ExperimentSection):
@@ -555,6 +574,7 @@ class LanguageModelingParams(ExperimentSection):
     score: ScoreParams = ScoreParams()
     prune: LanguageModelingPruneParams = LanguageModelingPruneParams()
     recover: LanguageModelingRecoverParams = LanguageModelingRecoverParams()
+    zero_shot: ZeroShotParams = ZeroShotParams()
     benchmark: LanguageModelingBenchmarkParams = LanguageModelingBenchmarkParams()
 
 

@@ -108,6 +108,8 @@ def checkpoint_method(step: int) -> str:
 # --- an experiment's folders (artifacts/<experiment>/) --------------------------------------------
 BASE_MODEL_DIR, DATA_DIR, FINETUNED_DIR = "base_model", "data", "finetuned"
 PRUNED_DIR, CHECKPOINTS_DIR = "pruned", "checkpoints"
+RECOVERED_DIR = "recovered"  # language models: each saved pruned model after recovery fine-tuning, by the same name
+RECOVERY_METHODS = ("lora", "full")  # recovery fine-tuning: LoRA adapters merged back, or every weight
 TASK_FILE = "task.json"  # in the data folder: labels, metric, languages
 PRUNING_FILE = "head_pruning.json"  # in a pruned model folder: the heads and neurons removed
 FAIRSEQ_CHECKPOINT = "checkpoint.pt"  # the model file of a fairseq model folder, beside its dict.<lang>.txt
@@ -203,6 +205,8 @@ CURVE_TABLE, BUDGETED_TABLE, LAYERS_TABLE = "pruning_curve.csv", "budgeted_curve
 # Grouped-query attention with prune.compare_units: every curve of CURVE_TABLE again in the other unit.
 OTHER_UNIT_CURVE_TABLE = "pruning_curve_other_unit.csv"
 RECOVERY_TABLE, TRAINING_LOSS_TABLE = "recovery.csv", "training_loss.csv"  # the latter: models trained from scratch
+# Language models: zero-shot accuracy through lm-evaluation-harness, and greedy completions of fixed prompts.
+ZERO_SHOT_TABLE, GENERATIONS_TABLE, ZERO_SHOT_SUMMARY = "zero_shot.csv", "generations.csv", "zero_shot.json"
 BENCHMARK_TABLE, BUDGETED_BENCHMARK_TABLE, LLM_BENCHMARK_TABLE = (
     "benchmark.csv", "benchmark_budgeted.csv", "llm_benchmark.csv")
 TABLE_COLUMNS = {
@@ -217,6 +221,9 @@ TABLE_COLUMNS = {
     # What each budgeted model keeps, layer by layer (unit: heads or neurons; of: the unpruned model's count).
     LAYERS_TABLE: ["method", "budget_removed", "unit", "kind", "layer", "kept", "of"],
     RECOVERY_TABLE: ["fraction_pruned", "metric_before", "metric_after"],
+    # model: UNPRUNED_MODEL or a saved model's label; value: the task's accuracy (0-1) over `items` questions.
+    ZERO_SHOT_TABLE: ["model", "task", "metric", "value", "stderr", "items"],
+    GENERATIONS_TABLE: ["model", "prompt", "completion"],
     TRAINING_LOSS_TABLE: ["step", "loss"],
     # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
     # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles;

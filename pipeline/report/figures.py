@@ -277,3 +277,16 @@ def budgeted_speed(rows: pd.DataFrame) -> bytes:
         _speedup_panel(ax, f"attention: {impl}" + (f", {precision}" if several else ""), "batch size")
     fig.suptitle("Budgeted models: measured speedup, its FLOP ideal and its Amdahl estimate from the floor")
     return png_bytes(fig)
+
+
+def zero_shot(table: pd.DataFrame) -> bytes:
+    """Each model's zero-shot accuracy per task (zero_shot.csv), as horizontal bars in the table's model order."""
+    pivot = table.pivot(index="model", columns="task", values="value").loc[list(dict.fromkeys(table["model"]))]
+    fig, ax = plt.subplots(figsize=(7.5, 0.5 + 0.45 * len(pivot) * len(pivot.columns)), layout="constrained")
+    (100 * pivot).plot.barh(ax=ax)
+    ax.invert_yaxis()
+    ax.set_xlabel("zero-shot accuracy (%)")
+    ax.set_ylabel("")
+    ax.set_title("Zero-shot accuracy (lm-evaluation-harness)")
+    ax.grid(axis="x", alpha=0.3)
+    return png_bytes(fig)

@@ -51,6 +51,7 @@ from pipeline.files.schema import (
     CURVE_TABLE,
     EVAL_SPLITS,
     FINETUNE_SUMMARY,
+    GENERATIONS_TABLE,
     IMPORTANCE_TABLE,
     KINDS,
     LAYERS_TABLE,
@@ -58,6 +59,7 @@ from pipeline.files.schema import (
     LOWER_IS_BETTER,
     ONE_GROUP_TABLE,
     ONE_HEAD_TABLE,
+    OTHER_UNIT_CURVE_TABLE,
     PRUNE_SUMMARY,
     RECOVERY_TABLE,
     SECONDS,
@@ -65,6 +67,7 @@ from pipeline.files.schema import (
     TASK_METRIC,
     TASK_MODEL,
     WHOLE_PRUNE,
+    ZERO_SHOT_TABLE,
     checkpoint_method,
     kind_method,
     name_and_level,
@@ -163,6 +166,9 @@ class Inputs:
     budgeted_layers: pd.DataFrame | None = None
     benchmark_budgeted: pd.DataFrame | None = None
     llm_benchmark: pd.DataFrame | None = None
+    other_unit_curve: pd.DataFrame | None = None
+    zero_shot: pd.DataFrame | None = None
+    generations: pd.DataFrame | None = None
 
     @classmethod
     def load(cls, report_dir: Path) -> Inputs:
@@ -187,6 +193,9 @@ class Inputs:
             budgeted_layers=_read_csv(report_dir, LAYERS_TABLE),
             benchmark_budgeted=_read_csv(report_dir, BUDGETED_BENCHMARK_TABLE),
             llm_benchmark=_read_csv(report_dir, LLM_BENCHMARK_TABLE),
+            other_unit_curve=_read_csv(report_dir, OTHER_UNIT_CURVE_TABLE),
+            zero_shot=_read_csv(report_dir, ZERO_SHOT_TABLE),
+            generations=_read_csv(report_dir, GENERATIONS_TABLE),
         )
 
     @property

@@ -44,6 +44,7 @@ from pipeline.report.inputs import (
     sorted_by_precision,
     splits_in,
 )
+from pipeline.report.language_model import LANGUAGE_MODEL_SECTIONS
 from pipeline.report.paper import budgeted_sentences, compared_with_paper, llm_anchor_sentences, side_by_side, table4
 
 
@@ -463,4 +464,5 @@ SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (
     _recovery,
     _speed,
     _serving,
+    *LANGUAGE_MODEL_SECTIONS,
 )

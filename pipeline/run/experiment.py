@@ -50,12 +50,15 @@ from pipeline.files.schema import (
     FINETUNED_DIR,
     LANGUAGE_MODELING,
     PRUNED_DIR,
+    RECOVERED_DIR,
     SCRATCH,
     TASK_FILE,
     TASK_METRIC,
     TRANSLATION,
+    UNPRUNED_MODEL,
     budgeted_name,
     checkpoint_step,
+    kv_groups_label,
     kv_groups_name,
     pruned_name,
 )
@@ -174,6 +177,19 @@ class Experiment:
     def kv_groups_dir(self, fraction: float) -> Path:
         """The serving-shape model: `fraction` of every layer's key/value groups removed (prune.kv_group_fractions)."""
         return self.pruned_root / kv_groups_name(fraction)
+
+    @property
+    def recovered_root(self) -> Path:
+        return self.artifacts / RECOVERED_DIR
+
+    def saved_models(self) -> dict[str, Path]:
+        """The language-modelling pipeline's models by label, the unpruned one first: those the prune stage saved
+        (prune.save_fractions in prune.unit, prune.kv_group_fractions), whose folders the recover, zero-shot and
+        benchmark stages read."""
+        pp = self.params.prune
+        return {UNPRUNED_MODEL: self.finetuned_dir,
+                **{f"{f:.0%} of heads ({pp.unit})": self.pruned_dir(f) for f in pp.save_fractions},
+                **{kv_groups_label(f): self.kv_groups_dir(f) for f in pp.kv_group_fractions}}
 
     @property
     def checkpoints_dir(self) -> Path:

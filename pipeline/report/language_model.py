@@ -1,0 +1,80 @@
+"""The language-model sections beyond the paper: every head criterion in both grouped-query units side by side,
+zero-shot accuracy through lm-evaluation-harness, and greedy completions of fixed prompts, dense beside pruned.
+
+Each adds nothing when its table is missing (a classification or translation report)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+
+from pipeline.files.schema import IMPORTANCE, UNPRUNED_MODEL, within_tolerance
+from pipeline.report import figures
+from pipeline.report.document import Doc, num, pct
+from pipeline.report.inputs import TEST, Inputs
+
+
+def _by_level(curve: pd.DataFrame, metric: str, split: str) -> pd.DataFrame:
+    """Rows: methods (importance first); columns: the share of heads pruned; cells: the split's metric, with a
+    check mark where it is within tolerance of the unpruned model."""
+    rows = curve[curve["split"] == split]
+    base = float(rows.loc[rows["heads_pruned"] == 0, "metric"].iloc[0])
+    methods = sorted(dict.fromkeys(rows["method"]), key=lambda m: m != IMPORTANCE)
+    levels = sorted(set(rows["fraction_pruned"]) - {0.0})
+    table = {"method": methods}
+    for level in levels:
+        at = rows[rows["fraction_pruned"] == level].set_index("method")["metric"]
+        table[pct(level)] = [num(at[m]) + (" ✓" if within_tolerance(metric, at[m], base) else "") if m in at else ""
+                             for m in methods]
+    return pd.DataFrame(table)
+
+
+def _units_side_by_side(doc: Doc, inp: Inputs) -> None:
+    other = inp.other_unit_curve
+    if other is None or inp.curve is None:
+        return
+    unit = str(other["unit"].iloc[0])
+    main_unit = "query" if unit == "group" else "group"
+    doc.h(1, "Beyond the paper: every criterion in query heads and in whole KV groups")
+    doc.p(f"Test {inp.metric_name} at each share of heads pruned, on the same windows for every method; ✓: within "
+          f"the tolerance of the unpruned model. 'query' takes the same number of query heads from every key/value "
+          f"group of a layer, 'group' whole groups with their key/value head.")
+    for name, curve in ((main_unit, inp.curve), (unit, other)):
+        doc.h(2, f"Unit: {name}")
+        doc.table(_by_level(curve, inp.metric, TEST))
+
+
+def _zero_shot(doc: Doc, inp: Inputs) -> None:
+    table = inp.zero_shot
+    if table is None:
+        return
+    doc.h(1, "Beyond the paper: zero-shot accuracy (lm-evaluation-harness)")
+    items = table.groupby("task", sort=False)["items"].first()
+    doc.p("Multiple choice through lm-eval's own task YAMLs over local files and its Hugging Face model class, "
+          "the same questions for every model: " + ", ".join(f"{task} ({int(n)} questions)" for task, n in
+                                                            items.items()) + ".")
+    wide = table.pivot(index="model", columns="task", values="value")
+    wide = wide.loc[list(dict.fromkeys(table["model"]))]
+    shown = pd.DataFrame({"model": wide.index})
+    for task in wide.columns:
+        shown[task] = [pct(v) for v in wide[task]]
+    shown["mean"] = [pct(v) for v in wide.mean(axis=1)]
+    doc.table(shown)
+    doc.figure("zero_shot.png", figures.zero_shot(table), "zero-shot accuracy of every model, by task.")
+
+
+def _generations(doc: Doc, inp: Inputs) -> None:
+    table = inp.generations
+    if table is None:
+        return
+    doc.h(1, "Beyond the paper: greedy completions, dense beside pruned")
+    for prompt, rows in table.groupby("prompt", sort=False):
+        doc.h(2, prompt)
+        order = sorted(range(len(rows)), key=lambda i: rows["model"].iloc[i] != UNPRUNED_MODEL)
+        doc.table(pd.DataFrame({"model": rows["model"].iloc[order].tolist(),
+                                "completion": rows["completion"].iloc[order].tolist()}))
+
+
+# In the report's order, after the paper's sections (pipeline/report/sections.py).
+LANGUAGE_MODEL_SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _zero_shot, _generations)
