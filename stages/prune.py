@@ -23,6 +23,7 @@ import pandas as pd
 
 from pipeline.core.checkpoint import stock_config
 from pipeline.core.importance import HeadChoice
+from pipeline.core.levels import LevelError
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import (
@@ -68,6 +69,7 @@ from pipeline.methods.pruning import (
     prunable_fraction,
     pruned_copy,
     pruning_levels,
+    saved_plans,
 )
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.evaluation import ClassificationEval
@@ -135,13 +137,21 @@ def prune(exp: Experiment) -> None:
     order = choice.rank(importance, sites)
     lap("load the model and data")
 
-    for fraction in pp.save_fractions:  # for the recover and benchmark stages
-        plan = choice.select(order, sites, heads_for(fraction, total))
-        exp.save(pruned_copy(model, plan), exp.pruned_dir(fraction))
-    summary: dict = {}
     serving = HeadChoice("group", uniform=True)
-    for fraction in pp.kv_group_fractions:  # the serving shape, for the benchmark stage
-        pruned = pruned_copy(model, serving.select(serving.rank(importance, sites), sites, heads_for(fraction, total)))
+    try:  # every saved level one the shape takes, checked before anything is written (pipeline/core/levels.py)
+        saved = saved_plans(order, sites, pp.save_fractions, choice, "prune.save_fractions")
+        kv_groups = saved_plans(serving.rank(importance, sites), sites, pp.kv_group_fractions, serving,
+                                "prune.kv_group_fractions")
+    except LevelError as error:
+        raise SystemExit(f"error: {error}") from None
+    for fraction, plan in saved.items():  # for the recover and benchmark stages
+        exp.save(pruned_copy(model, plan), exp.pruned_dir(fraction))
+        removed = sum(map(len, plan.values()))
+        log.info("prune: %s holds the model with %d of %d heads removed (%.1f%%)", exp.pruned_dir(fraction), removed,
+                 total, 100 * removed / total)
+    summary: dict = {}
+    for fraction, plan in kv_groups.items():  # the serving shape, for the benchmark stage
+        pruned = pruned_copy(model, plan)
         exp.save(pruned, exp.kv_groups_dir(fraction))
         stock, why_not = stock_config(pruned)
         summary.setdefault(KV_GROUPS_SUMMARY, {})[f"{fraction:g}"] = {

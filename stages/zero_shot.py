@@ -13,12 +13,14 @@ from pipeline.run.preflight import preflight
 if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
     preflight("zero_shot")
 
+import tempfile
+
 import pandas as pd
 import torch
 
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import GENERATIONS_TABLE, ZERO_SHOT_SUMMARY, ZERO_SHOT_TABLE
-from pipeline.lm.zero_shot import ZERO_SHOT_DIR, zero_shot_accuracy
+from pipeline.files.schema import GENERATIONS_TABLE, ZERO_SHOT_DIR, ZERO_SHOT_SUMMARY, ZERO_SHOT_TABLE
+from pipeline.lm.zero_shot import write_task_configs, zero_shot_accuracy
 from pipeline.run.experiment import Experiment, log
 
 
@@ -47,20 +49,28 @@ def main() -> None:
     exp = Experiment.from_cli()
     z, tokenizer = exp.params.zero_shot, exp.tokenizer()
     tables, generated = [], []
-    for label, path in models(exp).items():
-        model = exp.load(path)
-        table = zero_shot_accuracy(model, tokenizer, exp.data_dir / ZERO_SHOT_DIR, z.batch_size, exp.runtime,
-                                   exp.params.seed)
-        tables.append(table.assign(model=label))
-        generated += [dict(model=label, prompt=p, completion=c)
-                      for p, c in zip(z.prompts, completions(exp, model, tokenizer), strict=True)]
-        log.info("zero_shot: %s: %s", label, ", ".join(f"{r.task} {100 * r.value:.1f}%" for r in table.itertuples()))
+    # lm-eval's task YAMLs name their data by absolute path, so they are written here, beside no output, for the
+    # samples that prepare wrote into the data folder.
+    with tempfile.TemporaryDirectory() as task_dir:
+        write_task_configs(task_dir, exp.data_dir / ZERO_SHOT_DIR)
+        for label, path in models(exp).items():
+            model = exp.load(path)
+            with exp.runtime.autocast():
+                table = zero_shot_accuracy(model, task_dir, tokenizer=tokenizer, batch_size=z.batch_size,
+                                           device=str(exp.runtime.device), seed=exp.params.seed)
+            tables.append(table.rename(columns={"n": "items"}).assign(model=label))
+            generated += [dict(model=label, prompt=p, completion=c)
+                          for p, c in zip(z.prompts, completions(exp, model, tokenizer), strict=True)]
+            accuracy = table[table["metric"] == "acc"]
+            log.info("zero_shot: %s: %s", label, ", ".join(f"{r.task} {100 * r.value:.1f}%"
+                                                         for r in accuracy.itertuples()))
     table = pd.concat(tables, ignore_index=True)[["model", "task", "metric", "value", "stderr", "items"]]
     write_csv(exp.reports / ZERO_SHOT_TABLE, table)
     write_csv(exp.reports / GENERATIONS_TABLE, pd.DataFrame(generated))
-    # The headline for `dvc metrics`: each model's mean accuracy over the tasks.
+    # The headline for `dvc metrics`: each model's mean accuracy (lm-eval's acc) over the tasks.
+    accuracy = table[table["metric"] == "acc"]
     write_json(exp.reports / ZERO_SHOT_SUMMARY, {"mean_accuracy": {
-        label: round(float(rows["value"].mean()), 4) for label, rows in table.groupby("model", sort=False)}})
+        label: round(float(rows["value"].mean()), 4) for label, rows in accuracy.groupby("model", sort=False)}})
 
 
 if __name__ == "__main__":

@@ -249,8 +249,8 @@ def test_fetch_asset_reuses_a_verified_destination_and_repairs_a_corrupt_one(tmp
     assert fetch_asset(asset, tmp_path / "cache", dest).read_bytes() == data
 
 
-@pytest.mark.parametrize("asset", [assets.MODEL, assets.SENTIMENT_DATA, assets.MT_DATA, assets.TREC_DATA,
-                                   assets.DISASTER_TWEETS_DATA])
+@pytest.mark.parametrize("asset", [assets.MODEL, assets.LLM_MODEL, assets.SENTIMENT_DATA, assets.MT_DATA,
+                                   assets.TREC_DATA, assets.DISASTER_TWEETS_DATA])
 def test_pinned_defaults_are_well_formed(asset):
     hex64 = re.compile(r"[0-9a-f]{64}")
     assert re.fullmatch(r"[a-z0-9-]+", asset.package) and re.fullmatch(r"[0-9.]+", asset.version)

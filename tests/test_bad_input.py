@@ -20,6 +20,7 @@ from pipeline.run.preflight import check_all
 from tests.tiny_project import ROOT, tiny_params
 
 CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens, so the "hub" refuses at once
+SAFETENSORS_WITH_NO_TENSORS = (2).to_bytes(8, "little") + b"{}"  # a readable header, nothing else
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,7 @@ def test_a_folder_without_a_config_is_not_a_model(project):
 def test_an_unsupported_family_is_refused_in_prepare_with_the_supported_ones_listed(project):
     Path("pythia").mkdir()
     (Path("pythia") / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
-    (Path("pythia") / "model.safetensors").write_bytes(b"")
+    (Path("pythia") / "model.safetensors").write_bytes(SAFETENSORS_WITH_NO_TENSORS)
     (Path("pythia") / "tokenizer.json").write_text("{}")
     line = only(problems(model={"name_or_path": "pythia"}))
     assert line.startswith("model.name_or_path: pythia is a gpt_neox model, which the head-surgery core does not "
@@ -257,6 +258,142 @@ def test_a_fairseq_checkpoint_that_does_not_exist_is_named(project):
         "and the binarised splits)"]
 
 
+def copy_of_tiny_model(name: str, **config_changes) -> str:
+    """The tiny model's files under `name`, its config.json with `config_changes`."""
+    Path(name).mkdir()
+    for file in Path("tiny_model").iterdir():
+        (Path(name) / file.name).symlink_to(file.resolve())
+    config = json.loads((Path("tiny_model") / "config.json").read_text())
+    (Path(name) / "config.json").unlink()
+    (Path(name) / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return name
+
+
+@pytest.mark.parametrize(("quantization", "method"), [
+    ({"quant_method": "gguf", "gguf_file": "model.Q4_1.gguf"}, "gguf"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes"),
+    ({"quant_method": "gptq", "bits": 4}, "gptq"),
+    ({"quant_method": "awq", "bits": 4}, "awq"),
+    ({"bits": 8}, "not named"),
+])
+def test_a_quantized_checkpoint_is_refused_in_one_line_naming_its_method_and_what_to_use(project, quantization,
+                                                                                        method):
+    folder = copy_of_tiny_model("quantized", quantization_config=quantization)
+    assert only(problems(model={"name_or_path": folder})) == (
+        f"model.name_or_path: quantized is a quantized checkpoint (config.json has quantization_config, quant_method "
+        f"{method}), which can be neither pruned nor saved; a GGUF file or folder is converted by prepare: name the "
+        f".gguf file instead; a bitsandbytes, GPTQ, AWQ or other quantized checkpoint: use the unquantised model")
+
+
+def test_weights_that_are_absent_or_unreadable_are_named(project):
+    folder = copy_of_tiny_model("broken")
+    (Path(folder) / "model.safetensors").unlink()
+    assert only(problems(model={"name_or_path": folder})).startswith(
+        "model.name_or_path: broken has a config.json but no weights (expected one of model.safetensors,")
+    (Path(folder) / "model.safetensors").write_bytes(b"\x00" * 5)
+    assert only(problems(model={"name_or_path": folder})) == (
+        "model.name_or_path: broken/model.safetensors is not a readable safetensors file (its header is cut short); "
+        "save the model again with save_pretrained")
+    (Path(folder) / "model.safetensors").write_bytes((4).to_bytes(8, "little") + b"{no}")
+    assert "(its header is not JSON)" in only(problems(model={"name_or_path": folder}))
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A tiny Llama as a GGUF file (tests/tiny_gguf.py): 2 layers of 9 query heads in 3 key/value groups."""
+    from tests.tiny_gguf import tiny_gqa_llama, write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", tiny_gqa_llama())
+
+
+def test_a_gguf_file_and_a_folder_holding_one_pass_the_checks_for_prepare_converts_them(project, tiny_gguf):
+    Path("llm").mkdir()
+    (Path("llm") / "model.gguf").symlink_to(tiny_gguf)
+    assert problems(model={"name_or_path": "llm/model.gguf"}) == []
+    assert problems(model={"name_or_path": "llm"}) == []
+
+
+def test_a_gguf_file_that_prepare_could_not_convert_is_named_in_one_line(project, tiny_gguf):
+    Path("fake.gguf").write_bytes(b"PK\x03\x04")
+    assert only(problems(model={"name_or_path": "fake.gguf"})) == (
+        "model.name_or_path: fake.gguf is not a GGUF file (it does not start with GGUF)")
+    from tests.tiny_gguf import tiny_gqa_llama, write_tiny_gguf
+
+    write_tiny_gguf(Path("bare.gguf"), tiny_gqa_llama(), tokenizer=False)
+    assert only(problems(model={"name_or_path": "bare.gguf"})) == (
+        "model.name_or_path: bare.gguf holds no tokenizer (no tokenizer.ggml.* metadata), which prepare needs to "
+        "convert it into a model folder")
+    Path("two").mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (Path("two") / name).symlink_to(tiny_gguf)
+    assert only(problems(model={"name_or_path": "two"})).startswith(
+        "model.name_or_path: two is not a model folder: it has no config.json (found: a.gguf, b.gguf); expected a "
+        "Hugging Face model folder (save_pretrained's) or a folder holding one .gguf file")
+
+
+def test_a_gguf_file_of_an_unsupported_architecture_is_refused(project):
+    import gguf
+
+    writer = gguf.GGUFWriter("mamba.gguf", "mamba")
+    writer.add_tokenizer_model("gpt2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert only(problems(model={"name_or_path": "mamba.gguf"})).startswith(
+        "model.name_or_path: mamba.gguf is a GGUF file of architecture mamba, which the head-surgery core does not "
+        "support; supported families: bart, bert,")
+
+
+# --- levels to save that the model's shape cannot take ------------------------------------------------------------
+
+
+def lm_problems(name_or_path: str = "default", **prune) -> list[str]:
+    """check_all on the language-modelling params (llm/params.yaml) with a pretrained model and prune updated."""
+    params = yaml.safe_load((ROOT / "llm" / "params.yaml").read_text())
+    params["model"] = {"name_or_path": name_or_path}
+    params["prune"].update(prune)
+    Path("llm.yaml").write_text(yaml.safe_dump(params))
+    return check_all("llm.yaml")
+
+
+LEVELS = "the levels it can save are 0.333, 0.667"
+
+
+def test_uniform_levels_that_9_query_heads_in_3_groups_cannot_take_are_refused_naming_those_they_can(project):
+    found = lm_problems(uniform=True, save_fractions=[0.25, 0.33, 0.67], kv_group_fractions=[0.5])
+    assert found == [
+        "prune.save_fractions: 0.25 of the heads cannot go alike from 30 attention layers of 9 query heads in 3 "
+        f"key/value groups, taken in whole units of 3 (one from each group); {LEVELS}",
+        "prune.kv_group_fractions: 0.5 of the heads cannot go alike from 30 attention layers of 9 query heads in 3 "
+        f"key/value groups, taken in whole groups of 3; {LEVELS}"]
+    assert lm_problems(uniform=True, save_fractions=[0.333, 0.667], kv_group_fractions=[0.333]) == []
+    assert lm_problems(uniform=False, save_fractions=[0.25, 0.5, 0.75], kv_group_fractions=[0.667]) == []
+
+
+def test_the_shape_is_read_from_a_gguf_header_a_config_and_a_scratch_model_s_params(project, tiny_gguf):
+    from pipeline.core.gguf import convert_gguf
+
+    converted = convert_gguf(tiny_gguf, Path("converted"))
+    for model in (str(tiny_gguf), str(converted)):
+        assert lm_problems(model, uniform=True, save_fractions=[0.5], kv_group_fractions=[]) == [
+            "prune.save_fractions: 0.5 of the heads cannot go alike from 2 attention layers of 9 query heads in 3 "
+            f"key/value groups, taken in whole units of 3 (one from each group); {LEVELS}"]
+    params = yaml.safe_load((ROOT / "llm" / "params.yaml").read_text())  # scratch: 6 layers, 8 heads in 2 groups
+    params["prune"].update(uniform=True, save_fractions=[0.25, 0.3], kv_group_fractions=[0.5])
+    Path("scratch.yaml").write_text(yaml.safe_dump(params))
+    assert [line.split(";")[-1] for line in check_all("scratch.yaml")] == [
+        " the levels it can save are 0.25, 0.5, 0.75"]
+
+
+def test_a_level_that_rounds_to_no_head_is_refused(project):
+    assert lm_problems(save_fractions=[0.005], kv_group_fractions=[]) == [
+        "prune.save_fractions: 0.005 of 270 heads is 1, less than one unit of 3, so the saved model would be the "
+        "unpruned one; the smallest level is 0.0111"]
+    assert only(problems(prune={"save_fractions": [0.05]})) == (  # the tiny BERT: 8 heads, one at a time
+        "prune.save_fractions: 0.05 of 8 heads is 0, less than one unit of 1, so the saved model would be the unpruned "
+        "one; the smallest level is 0.125")
+
+
 # --- what a user sees -------------------------------------------------------------------------------------------------
 
 
@@ -300,3 +437,14 @@ def test_a_hub_model_is_checked_from_its_config_alone_when_the_hub_is_reachable(
     assert only(problems(model={"name_or_path": "EleutherAI/pythia-70m"})).startswith(
         "model.name_or_path: EleutherAI/pythia-70m is a gpt_neox model, which the head-surgery core does not support")
     assert fetched == [("EleutherAI/pythia-70m", "config.json")]
+
+
+def test_prepare_refuses_a_quantized_checkpoint_in_one_line_before_torch_loads_and_writes_nothing(project):
+    problems(model={"name_or_path": copy_of_tiny_model("quantized", quantization_config={"quant_method": "gptq"})})
+    result = run(["-X", "importtime", "-m", "stages.prepare"], project)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert result.returncode == 1 and len(lines) == 1
+    assert lines[0].startswith("error: model.name_or_path: quantized is a quantized checkpoint (config.json has "
+                               "quantization_config, quant_method gptq)")
+    assert "| torch" not in result.stderr and "| transformers" not in result.stderr
+    assert not (project / "artifacts").exists()

@@ -5,6 +5,9 @@ pruning in whole query units, recovery and the report, every stage declaring the
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -90,3 +93,22 @@ def test_the_serving_shape_halves_the_kv_cache_and_loads_with_stock_transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(repo / "artifacts/tiny-lm/pruned/kv-groups-50")
     assert model.config.num_key_value_heads == 1 and model.config.num_attention_heads == 2
+
+
+def test_the_prune_stage_refuses_a_uniform_level_the_shape_cannot_take_in_one_line_and_writes_nothing(repo):
+    """The checks refuse it before prepare when they know the shape; the prune stage, which always does, refuses it
+    too, before it saves a model: 4 query heads in 2 groups a layer lose 2 or none alike, so 30% is no level."""
+    import yaml
+
+    params = yaml.safe_load((repo / "llm" / "params.yaml").read_text())
+    params["prune"].update(uniform=True, save_fractions=[0.5, 0.3])
+    (repo / "llm" / "uniform.yaml").write_text(yaml.safe_dump(params))
+    written = [repo / "artifacts" / "tiny-lm" / "pruned", repo / "reports" / "tiny-lm"]
+    before = {p: p.stat().st_mtime_ns for folder in written for p in folder.rglob("*")}
+    result = subprocess.run([sys.executable, "-m", "stages.prune", "--params", "llm/uniform.yaml"], cwd=repo,
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        "error: prune.save_fractions: 0.3 of the heads cannot go alike from 2 attention layers of 4 query heads in 2 "
+        "key/value groups, taken in whole units of 2 (one from each group); the levels it can save are 0.5")
+    assert "Traceback" not in result.stderr
+    assert {p: p.stat().st_mtime_ns for folder in written for p in folder.rglob("*")} == before

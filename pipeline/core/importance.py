@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.gates import gate_grad, head_gates
+from pipeline.core.levels import AttentionShape, heads_to_save
 from pipeline.core.sites import AttentionSite, is_decoder_only
 from pipeline.files.schema import HEAD_UNITS
 
@@ -273,6 +274,13 @@ class HeadChoice:
     def select(self, order: Sequence[Head], sites: Sequence[AttentionSite], count: int) -> dict[int, list[int]]:
         return select_heads(order, [site.num_heads for site in sites], count, self.min_heads_per_site,
                             _groups(sites), self.uniform, self.unit)
+
+    def saved_count(self, fraction: float, sites: Sequence[AttentionSite], key: str) -> int:
+        """The heads a saved model at `fraction` loses, at a level these sites take in this choice's units
+        (pipeline/core/levels.py); raises LevelError naming `key` and the levels they take. `select` at this count
+        removes exactly that many when uniform (the curves' counts it may round down)."""
+        shape = AttentionShape(tuple(s.num_heads for s in sites), tuple(s.num_kv_heads for s in sites))
+        return heads_to_save(fraction, shape, self.unit, self.uniform, self.min_heads_per_site, key)
 
 
 def _groups(sites: Sequence[AttentionSite]) -> list[list[list[int]]] | None:

@@ -31,6 +31,9 @@ HEAD_UNITS = ("query", "group")
 # The score stage's estimators of I_h: "example" is the paper's E_x |dL(x)/dxi_h|; "token" the mean of |dL(x)/dxi_h|
 # over every token position (a gate per position), so that a head's opposite-signed effects cannot cancel.
 SCORE_ESTIMATORS = ("example", "token")
+# How the `recover` stage fine-tunes a pruned language model: LoRA adapters merged back, or every weight
+# (pipeline/lm/training.py).
+RECOVERY_METHODS = ("lora", "full")
 # --- where models run (the `runtime` params; pipeline/core/runtime.py maps them to torch) -------------
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = "auto, cpu, cuda or cuda:N"  # auto: the GPU when there is one
@@ -109,7 +112,6 @@ def checkpoint_method(step: int) -> str:
 BASE_MODEL_DIR, DATA_DIR, FINETUNED_DIR = "base_model", "data", "finetuned"
 PRUNED_DIR, CHECKPOINTS_DIR = "pruned", "checkpoints"
 RECOVERED_DIR = "recovered"  # language models: each saved pruned model after recovery fine-tuning, by the same name
-RECOVERY_METHODS = ("lora", "full")  # recovery fine-tuning: LoRA adapters merged back, or every weight
 TASK_FILE = "task.json"  # in the data folder: labels, metric, languages
 PRUNING_FILE = "head_pruning.json"  # in a pruned model folder: the heads and neurons removed
 FAIRSEQ_CHECKPOINT = "checkpoint.pt"  # the model file of a fairseq model folder, beside its dict.<lang>.txt
@@ -207,6 +209,7 @@ OTHER_UNIT_CURVE_TABLE = "pruning_curve_other_unit.csv"
 RECOVERY_TABLE, TRAINING_LOSS_TABLE = "recovery.csv", "training_loss.csv"  # the latter: models trained from scratch
 # Language models: zero-shot accuracy through lm-evaluation-harness, and greedy completions of fixed prompts.
 ZERO_SHOT_TABLE, GENERATIONS_TABLE, ZERO_SHOT_SUMMARY = "zero_shot.csv", "generations.csv", "zero_shot.json"
+ZERO_SHOT_DIR = "zero_shot"  # in the data folder: the zero-shot tasks' questions (JSONL), which prepare samples
 BENCHMARK_TABLE, BUDGETED_BENCHMARK_TABLE, LLM_BENCHMARK_TABLE = (
     "benchmark.csv", "benchmark_budgeted.csv", "llm_benchmark.csv")
 TABLE_COLUMNS = {

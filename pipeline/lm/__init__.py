@@ -1,2 +1,3 @@
 """Causal language modelling: a Llama-architecture model with grouped-query attention (llama), its training
-from scratch (training) and perplexity, the metric the ablation and pruning sweeps call (perplexity)."""
+from scratch and its recovery after pruning, full or LoRA (training, lora), and perplexity, the metric the
+ablation and pruning sweeps call (perplexity)."""

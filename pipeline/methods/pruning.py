@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from pipeline.core.flops import forward_flops
 from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice, head_importance, normalize_per_layer
+from pipeline.core.levels import LevelError
 from pipeline.core.sites import AttentionSite, attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.files.artifacts import DamagedArtifact, read_table
@@ -53,6 +54,22 @@ def heads_for(fraction: float, total: int) -> int:
 
 def pruned_copy(model: nn.Module, plan: Mapping[int, Sequence[int]]) -> nn.Module:
     return prune_heads(copy.deepcopy(model), plan)
+
+
+def saved_plans(order: Sequence[Head], sites: Sequence[AttentionSite], fractions: Sequence[float],
+                choice: HeadChoice, key: str) -> dict[float, Plan]:
+    """The plan of the model saved at each of `fractions` (`key` names the param), all made before any is saved so
+    that a bad level stops the stage with nothing written: each at a level the shape takes and removing some heads
+    (`HeadChoice.saved_count`), else LevelError."""
+    plans = {}
+    for fraction in fractions:
+        plan = choice.select(order, sites, choice.saved_count(fraction, sites, key))
+        if not plan:  # prune.min_heads_per_layer can keep every head a non-uniform plan would take
+            raise LevelError(f"{key}: {fraction:g} removes no head while every layer keeps "
+                             f"{choice.min_heads_per_site} (prune.min_heads_per_layer), so the saved model would be "
+                             f"the unpruned one")
+        plans[fraction] = plan
+    return plans
 
 
 def plans_from_order(order: Sequence[Head], sites: Sequence[AttentionSite], counts: Sequence[int],

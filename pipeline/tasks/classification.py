@@ -73,13 +73,12 @@ class TaskInfo:
 # --- the offline default -----------------------------------------------------------------------------
 
 
-def load_rotten_tomatoes_snippets(path: str | Path) -> pd.DataFrame:
-    """Read movieReviewSnippets_GroundTruth.txt into columns text, label.
+def read_rotten_tomatoes_ratings(path: str | Path) -> pd.DataFrame:
+    """Read movieReviewSnippets_GroundTruth.txt as it is: columns id, sentiment, text.
 
     The file is UTF-8, tab-separated with a header "id, sentiment, text" and CRLF line ends; sentiment
-    is the mean of human ratings in [-4, 4]. label = 1 if the mean is positive, 0 if negative; the
-    37 snippets rated exactly 0 have no polarity and are dropped. Quoting is off because the text
-    contains bare quote characters (e.g. `a 9" black and white portable TV`).
+    is the mean of human ratings in [-4, 4]. Quoting is off because the text contains bare quote
+    characters (e.g. `a 9" black and white portable TV`).
     """
     df = pd.read_csv(
         path,
@@ -92,6 +91,16 @@ def load_rotten_tomatoes_snippets(path: str | Path) -> pd.DataFrame:
     missing = {"id", "sentiment", "text"} - set(df.columns)
     if missing:
         raise InputError(f"{path}: missing columns {sorted(missing)}; available: {list(df.columns)}")
+    return df
+
+
+def load_rotten_tomatoes_snippets(path: str | Path) -> pd.DataFrame:
+    """Read movieReviewSnippets_GroundTruth.txt (`read_rotten_tomatoes_ratings`) into columns text, label.
+
+    label = 1 if the mean rating is positive, 0 if negative; the 37 snippets rated exactly 0 have no
+    polarity and are dropped.
+    """
+    df = read_rotten_tomatoes_ratings(path)
     df = df[df["sentiment"] != 0]
     return pd.DataFrame(
         {"text": df["text"].to_numpy(), "label": (df["sentiment"] > 0).astype("int64").to_numpy()}

