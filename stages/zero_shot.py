@@ -19,8 +19,15 @@ import pandas as pd
 import torch
 
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import GENERATIONS_TABLE, ZERO_SHOT_DIR, ZERO_SHOT_SUMMARY, ZERO_SHOT_TABLE
-from pipeline.lm.zero_shot import write_task_configs, zero_shot_accuracy
+from pipeline.files.schema import (
+    GENERATIONS_TABLE,
+    TABLE_COLUMNS,
+    TASK_MODEL,
+    ZERO_SHOT_DIR,
+    ZERO_SHOT_SUMMARY,
+    ZERO_SHOT_TABLE,
+)
+from pipeline.lm.zero_shot import check_prefix_tokenization, write_task_configs, zero_shot_accuracy
 from pipeline.run.experiment import Experiment, log
 
 
@@ -48,6 +55,14 @@ def completions(exp: Experiment, model: torch.nn.Module, tokenizer) -> list[str]
 def main() -> None:
     exp = Experiment.from_cli()
     z, tokenizer = exp.params.zero_shot, exp.tokenizer()
+    try:
+        check_prefix_tokenization(lambda text: tokenizer(text)["input_ids"])
+    except ValueError as error:  # a tokenizer trained from scratch here ends every text with </s>
+        log.warning("zero_shot: no zero-shot accuracy or completions for %s: %s", exp.task()[TASK_MODEL], error)
+        write_csv(exp.reports / ZERO_SHOT_TABLE, pd.DataFrame(columns=TABLE_COLUMNS[ZERO_SHOT_TABLE]))
+        write_csv(exp.reports / GENERATIONS_TABLE, pd.DataFrame(columns=TABLE_COLUMNS[GENERATIONS_TABLE]))
+        write_json(exp.reports / ZERO_SHOT_SUMMARY, {"mean_accuracy": {}})
+        return
     tables, generated = [], []
     # lm-eval's task YAMLs name their data by absolute path, so they are written here, beside no output, for the
     # samples that prepare wrote into the data folder.

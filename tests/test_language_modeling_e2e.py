@@ -19,7 +19,7 @@ from tests.tiny_project import make_pipeline_repo, ran_stages, run, traced_env, 
 pytestmark = pytest.mark.slow  # runs `dvc repro llm/dvc.yaml`
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "benchmark", "report"]
+STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "zero_shot", "benchmark", "report"]
 
 
 def tiny_llm_pipeline_params() -> dict:

@@ -202,7 +202,7 @@ def _offline_and_quiet() -> Iterator[None]:
         datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = counts
 
 
-def _check_prefix_tokenization(tokenize: Callable[[str], list[int]]) -> None:
+def check_prefix_tokenization(tokenize: Callable[[str], list[int]]) -> None:
     """lm-eval scores a choice as the tokens that prompt + choice has beyond the prompt's own; a tokenizer that
     appends a token (as the project's from-scratch LM tokenizers append </s>) would shift them onto the wrong
     positions without an error."""
@@ -237,7 +237,7 @@ def zero_shot_accuracy(
         pretrained = str(model) if isinstance(model, str | Path) else model
         hflm = HFLM(pretrained=pretrained, tokenizer=str(tokenizer) if isinstance(tokenizer, Path) else tokenizer,
                     batch_size=batch_size, device=device)
-        _check_prefix_tokenization(hflm.tok_encode)
+        check_prefix_tokenization(hflm.tok_encode)
         # Only the task folder is indexed: lm-eval's own few thousand task YAMLs would take seconds to scan.
         manager = TaskManager(include_path=str(task_dir), include_defaults=False)
         results = simple_evaluate(model=hflm, tasks=list(tasks), task_manager=manager, log_samples=False,

@@ -46,9 +46,9 @@ def _units_side_by_side(doc: Doc, inp: Inputs) -> None:
 
 
 def _zero_shot(doc: Doc, inp: Inputs) -> None:
-    table = inp.zero_shot
-    if table is None:
+    if inp.zero_shot is None:
         return
+    table = inp.zero_shot[inp.zero_shot["metric"] == "acc"]  # lm-eval's acc; zero_shot.csv also has acc_norm
     doc.h(1, "Beyond the paper: zero-shot accuracy (lm-evaluation-harness)")
     items = table.groupby("task", sort=False)["items"].first()
     doc.p("Multiple choice through lm-eval's own task YAMLs over local files and its Hugging Face model class, "
