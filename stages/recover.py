@@ -24,24 +24,28 @@ from pipeline.training.classification import TrainConfig, finetune
 def language_modeling(exp: Experiment) -> list[dict]:
     """Every saved pruned model recovered (recover.method: LoRA merged back, or full fine-tuning) and saved under
     recovered/ by its folder's name, for the zero-shot stage; test perplexity before and after, beside the
-    unpruned model's on the same windows."""
+    unpruned model's on the same windows. The first row is the control: the unpruned model fine-tuned the same way
+    (not saved), for a pretrained model also adapts to the recovery data, and that gain is not the pruned
+    model's recovery."""
     p, r = exp.params, exp.params.recover
     train, test = exp.split("train")["input_ids"][:], exp.lm_eval("test", r.max_examples)
     config = RecoveryConfig(steps=r.steps, method=r.method, batch_size=r.batch_size, learning_rate=r.learning_rate,
                             warmup_steps=r.warmup_steps, weight_decay=r.weight_decay, rank=r.rank, alpha=r.alpha,
                             dropout=r.dropout, seed=p.seed)
     models = exp.saved_models()
-    unpruned = test(exp.load(models.pop(UNPRUNED_MODEL)))[0]
+    unpruned = test(exp.load(models[UNPRUNED_MODEL]))[0]
     rows = []
     for label, path in models.items():
         model = exp.load(path)
-        heads = [site.num_heads for site in attention_sites(model)]
-        before, start = test(model)[0], time.perf_counter()
+        sites = attention_sites(model)
+        before = test(model)[0] if label != UNPRUNED_MODEL else unpruned
+        start = time.perf_counter()
         recover_language_model(model, train, exp.pad_token_id, config, runtime=exp.runtime)
         seconds = time.perf_counter() - start
-        exp.save(model, exp.recovered_root / path.name)
-        rows.append(dict(model=label, fraction_pruned=1 - sum(heads) / sum(s.original_num_heads for s in
-                                                                            attention_sites(model)),
+        if label != UNPRUNED_MODEL:
+            exp.save(model, exp.recovered_root / path.name)
+        rows.append(dict(model=label, fraction_pruned=1 - sum(s.num_heads for s in sites) / sum(
+                             s.original_num_heads for s in sites),
                          metric_unpruned=unpruned, metric_before=before, metric_after=test(model)[0],
                          method=r.method, steps=r.steps, seconds=round(seconds, 1)))
         log.info("recover: %s, test perplexity %.2f -> %.2f after %d %s steps (unpruned %.2f; %.0f s)", label,

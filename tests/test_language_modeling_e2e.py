@@ -112,3 +112,14 @@ def test_the_prune_stage_refuses_a_uniform_level_the_shape_cannot_take_in_one_li
         "key/value groups, taken in whole units of 2 (one from each group); the levels it can save are 0.5")
     assert "Traceback" not in result.stderr
     assert {p: p.stat().st_mtime_ns for folder in written for p in folder.rglob("*")} == before
+
+
+def test_recovery_saves_every_pruned_model_and_measures_the_unpruned_one_fine_tuned_alike_as_its_control(repo):
+    recovery = pd.read_csv(repo / "reports" / "tiny-lm" / "recovery.csv")
+    control = recovery.iloc[0]
+    assert control["model"] == "unpruned" and control["fraction_pruned"] == 0
+    assert control["metric_before"] == control["metric_unpruned"] != control["metric_after"]
+    assert (recovery["fraction_pruned"].iloc[1:] > 0).all()
+    saved = {p.name for p in (repo / "artifacts" / "tiny-lm" / "recovered").iterdir()}
+    assert saved == {"25", "50", "kv-groups-50"}
+    assert "adaptation to the fine-tuning data" in (repo / "reports" / "tiny-lm" / "report.md").read_text()

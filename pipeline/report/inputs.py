@@ -14,7 +14,8 @@ Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the r
     one_head.csv        kind, layer, best_head, metric, delta    (only one head kept in a layer)
     pruning_curve.csv   method, split, fraction_pruned, metric [, heads_pruned, metric_std,
                         fraction_flops_removed, examples]
-    recovery.csv        fraction_pruned, metric_before, metric_after
+    recovery.csv        fraction_pruned, metric_before, metric_after [, model, metric_unpruned, method, steps,
+                        seconds: language models, the unpruned model fine-tuned alike as the row at 0]
     benchmark.csv       fraction_pruned, batch_size, attn_implementation, examples_per_s, speedup,
                         ideal_speedup, device, precision [, params, tokens_per_s, weights_mb, activations_mb,
                         peak_memory_mb, floor_share, amdahl_speedup]

@@ -128,16 +128,21 @@ def _single_head(inp: Inputs) -> str | None:
 
 def _recovery(inp: Inputs) -> str | None:
     """Beyond the paper, which never retrains: what fine-tuning after pruning wins back."""
-    rec = inp.recovery
-    if rec is None:
+    if inp.recovery is None:
+        return None
+    rec, control = inp.recovery[inp.recovery["fraction_pruned"] > 0], inp.recovery[inp.recovery["fraction_pruned"] == 0]
+    if rec.empty:
         return None
     gain = improvement(inp.metric, rec["metric_after"], rec["metric_before"])
     top = rec.loc[rec["fraction_pruned"].idxmax()]
+    same = "" if control.empty else (
+        f" The unpruned model fine-tuned the same way goes from {num(control['metric_before'].iloc[0])} to "
+        f"{num(control['metric_after'].iloc[0])}: that much is adaptation to the data, not recovery.")
     return (
         f"Fine-tuning after pruning recovers {signed(gain.mean())} {inp.points} on average "
         f"(from {signed(gain.min())} to {signed(gain.max())} over {plural(len(rec), 'level')}); at "
         f"{pct(top['fraction_pruned'])} pruned it goes from {num(top['metric_before'])} to "
-        f"{num(top['metric_after'])}. The paper prunes without any retraining."
+        f"{num(top['metric_after'])}.{same} The paper prunes without any retraining."
     )
 
 

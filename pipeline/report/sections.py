@@ -346,11 +346,16 @@ def _recovery(doc: Doc, inp: Inputs) -> None:
         return
     doc.h(1, "Beyond the paper: fine-tuning after pruning")
     rec = rec.sort_values("fraction_pruned")
+    if (rec["fraction_pruned"] == 0).any():
+        doc.p("The row with no heads pruned is the control: the unpruned model fine-tuned the same way. What it "
+              "gains is adaptation to the fine-tuning data, which the pruned models gain too; their recovery is "
+              "what they win beyond it.")
     doc.figure("recovery.png", figures.recovery(inp, rec),
                f"{inp.metric_name} of pruned models before and after fine-tuning.")
     doc.table(
         pd.DataFrame(
             {
+                **({"model": rec["model"]} if "model" in rec else {}),
                 "heads pruned": rec["fraction_pruned"].map(pct),
                 "before": rec["metric_before"].map(num),
                 "after": rec["metric_after"].map(num),
