@@ -161,7 +161,7 @@ def prune(exp: Experiment) -> None:
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
                           exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
     lap("paper's curves (importance, re-estimated, random)")
-    criteria = criterion_scores(model, pp.criteria, exp.score_batches(), p.score.normalize_p) if pp.criteria else {}
+    criteria = criterion_scores(model, pp.criteria, exp.score_batches()) if pp.criteria else {}
     if criteria:
         curves += criterion_curves(evaluator, criteria, counts, choice)
         lap("criteria curves")

@@ -174,3 +174,11 @@ def test_each_criterion_curve_removes_as_many_heads_as_importance_at_every_level
     for curve in curves:
         assert curve.heads_pruned.tolist() == reference.heads_pruned.tolist()
     assert len({tuple(c.metric) for c in curves}) == 2  # the criteria choose differently
+
+
+def test_every_criterion_is_normalised_per_layer_for_norms_carry_their_layers_scale():
+    """Ranked raw across layers, a layer whose activations are small would lose all its heads first."""
+    model, batch = lm("llama"), tiny_batch("llama", batch_size=4)
+    for criterion, by_site in criterion_scores(model, ["magnitude", "activation", "paper-importance"], [batch]).items():
+        norms = torch.stack([scores.norm() for scores in by_site])
+        assert torch.allclose(norms, torch.ones_like(norms)), criterion

@@ -29,7 +29,6 @@ from pipeline.core.surgery import prune_heads
 from pipeline.files.artifacts import DamagedArtifact, read_table
 from pipeline.files.schema import (
     IMPORTANCE,
-    PAPER_IMPORTANCE,
     RANDOM,
     REESTIMATED,
     checkpoint_method,
@@ -174,14 +173,15 @@ def paper_curves(
     return curves
 
 
-def criterion_scores(model: nn.Module, criteria: Sequence[str], batches: Sequence[Mapping[str, torch.Tensor]],
-                     normalize_p: float | None = 2.0) -> dict[str, list[torch.Tensor]]:
+def criterion_scores(model: nn.Module, criteria: Sequence[str], batches: Sequence[Mapping[str, torch.Tensor]]
+                     ) -> dict[str, list[torch.Tensor]]:
     """Each of `criteria` (`HEAD_CRITERIA`: Torch-Pruning's magnitude, Minitron's activation norm and the paper's
-    importance on `batches`), normalised per layer as the importance order is; the paper's importance as the paper
-    normalises it (L2 per layer), whatever `normalize_p` says."""
-    return {criterion: normalize_per_layer(head_scores(criterion, model, batches),
-                                           2.0 if criterion == PAPER_IMPORTANCE else normalize_p)
-            for criterion in criteria}
+    importance on `batches`), normalised per layer by L2, whatever score.normalize_p says for the importance order.
+    A weight or activation norm is on its layer's scale, not the loss's, and both tools choose heads layer by layer:
+    ranked raw across layers, the activation norm empties SmolLM2's first layer (mean head norm 0.18, against 0.9
+    to 6.0 in the others), all nine heads in the first 27, and its test perplexity goes from 62 to 487 at 10% of
+    the heads. The paper's importance is normalised as the paper does."""
+    return {criterion: normalize_per_layer(head_scores(criterion, model, batches), 2.0) for criterion in criteria}
 
 
 def criterion_curves(evaluator: CurveEvaluator, scores: Mapping[str, Sequence[torch.Tensor]], counts: Sequence[int],
