@@ -1,0 +1,16 @@
+"""The task registry: the params' `task` names a family, and each family is one package under `pipeline/tasks/`.
+
+Pure data, so that the params checks and the DVC deps generator read it before anything heavy loads. A family
+package is imported by name (`importlib`), never by a static import from a shared module: no shared module, and so
+no stage of another family, depends on a family's code. Adding a family is one package and one entry here.
+"""
+
+from __future__ import annotations
+
+from pipeline.files.schema import CLASSIFICATION, LANGUAGE_MODELING, TRANSLATION
+
+TASK_PACKAGES: dict[str, str] = {
+    CLASSIFICATION: "pipeline.tasks.classification",
+    TRANSLATION: "pipeline.tasks.translation",
+    LANGUAGE_MODELING: "pipeline.tasks.language_modeling",
+}
