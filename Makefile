@@ -5,7 +5,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
-# fairseq 0.12.2 does not import on Python 3.11; this maintained fork does (pipeline/backends/fairseq.py).
+# fairseq 0.12.2 does not import on Python 3.11; this maintained fork does (pipeline/tasks/translation/fairseq.py).
 FAIRSEQ ?= fairseq-fixed==0.12.3.1
 
 .PHONY: setup test test-fast repro repro-tasks repro-mt repro-llm lint gpu-check

@@ -1,7 +1,8 @@
 """Stage ablate: every head masked alone (Table 1) and every layer reduced to one head (Tables 2/3).
 
-Translation: BLEU of the decoded split (greedy by default, translate.sweep_num_beams), per attention kind.
-Language modelling: perplexity of the split (lower is better; the tables' delta is positive where masking helped).
+The score is the family's sweep evaluation (`Task.evaluation`): the metric of a classification split, the BLEU of
+a decoded one (greedy by default, translate.sweep_num_beams), or perplexity (lower is better; the tables' delta is
+positive where masking helped). Under grouped-query attention (language models) also one key/value group per layer.
 
 With ABLATE_WORKERS=N (N > 1) the attention sites are shards spread over Dask workers: a Dask cluster
 at $DASK_SCHEDULER_ADDRESS, else a LocalCluster of N processes. The tables equal the serial run's,
@@ -21,28 +22,22 @@ import os
 import torch
 
 from pipeline.core.sites import attention_sites
+from pipeline.data.evaluation import TaskEval
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import ABLATE_SUMMARY, ABLATION_TABLE, ALPHA, ONE_GROUP_TABLE, ONE_HEAD_TABLE
 from pipeline.methods.ablation import ablation_tables, one_group_table, sharded_ablation_tables
 from pipeline.run.experiment import Experiment, log
-from pipeline.tasks.evaluation import ClassificationEval, TaskEval
 
 
 @functools.cache  # once per process: a Dask worker keeps the model for its next sites
 def model_and_eval(params_file: str) -> tuple[torch.nn.Module, TaskEval]:
     exp = Experiment.from_params_file(params_file)
-    p = exp.params
-    model = exp.load(exp.finetuned_dir)
-    if exp.is_translation:
-        return model, exp.translation_eval(p.ablate.split, p.ablate.max_examples)
-    if exp.is_language_modeling:
-        return model, exp.lm_eval(p.ablate.split, p.ablate.max_examples)
-    eval_set = exp.eval_sets((p.ablate.split,), p.ablate.max_examples)[p.ablate.split]
-    return model, ClassificationEval(eval_set, exp.metric, exp.runtime)
+    a = exp.params.ablate
+    return exp.load(exp.finetuned_dir), exp.task.evaluation(a.split, a.max_examples)
 
 
-def main() -> None:
-    exp = Experiment.from_cli()
+def main(argv: list[str] | None = None) -> None:
+    exp = Experiment.from_cli(argv)
     p = exp.params
     workers = int(os.environ.get("ABLATE_WORKERS", "1"))
     model, task_eval = model_and_eval(exp.params_file)
@@ -61,7 +56,7 @@ def main() -> None:
                "significant": len(significant), "significant_improving": int((significant.delta > 0).sum()),
                "worst_delta": round(float(ablation.delta.min()), 4),
                "worst_one_head_delta": round(float(one_head.delta.min()), 4) if len(one_head) else None}
-    if exp.is_language_modeling:  # grouped-query attention: Tables 2/3 with a whole key/value group per layer kept
+    if exp.task.one_group_table:  # grouped-query attention: Tables 2/3 with a whole key/value group per layer kept
         one_group = one_group_table(model, task_eval)
         write_csv(exp.reports / ONE_GROUP_TABLE, one_group)
         summary["worst_one_group_delta"] = round(float(one_group.delta.min()), 4) if len(one_group) else None

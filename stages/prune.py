@@ -3,9 +3,10 @@ and random orders), on dev and test, and the pruned models the recover and bench
 Beyond the paper: heads and FFN neurons pruned under a FLOP or latency budget with no retraining (Kwon et
 al., 2022), against the paper's order at equal cost (prune.budgeted).
 
-Translation, on test only (decoding is the cost): also each attention kind pruned alone (Figure 5) and
-every saved training checkpoint pruned by its own importance (Figure 6). Language modelling: perplexity on dev
-and test, within tolerance meaning at most 5% above the unpruned model's.
+The evaluations are the family's (`Task.evaluations`: translation on test only, decoding is the cost), and so are
+any further curves (`Task.extra_curves`: translation's attention kinds pruned alone, Figure 5, and its training
+checkpoints pruned by their own importance, Figure 6) and tables (`Task.extra_tables`: a language model's curves in
+the other unit). Perplexity's tolerance is relative: at most 5% above the unpruned model's.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from pipeline.run.preflight import preflight
 if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
     preflight("prune")
 
-import dataclasses
-import functools
 import time
 
 import pandas as pd
@@ -32,8 +31,6 @@ from pipeline.files.schema import (
     BUDGETED_TABLE,
     BUDGETED_TUNED,
     CURVE_TABLE,
-    EVAL_SPLITS,
-    HEAD_UNITS,
     HEADS_FROM,
     IMPORTANCE,
     IMPORTANCE_TABLE,
@@ -43,13 +40,10 @@ from pipeline.files.schema import (
     LAYERS_TABLE,
     METRIC_AT_PRUNABLE,
     NOT_STOCK_BECAUSE,
-    OTHER_UNIT_CURVE_TABLE,
     PRUNABLE_FRACTION,
     PRUNE_SUMMARY,
-    RANK_CORRELATION,
     SECONDS,
     STOCK,
-    TABLE_COLUMNS,
     TUNING_KEPT,
     UNPRUNED_METRIC,
     WHOLE_PRUNE,
@@ -59,12 +53,10 @@ from pipeline.files.schema import (
 from pipeline.methods.comparison import LatencyShape, budgeted_comparison, collapse_lines, empty_budgeted_tables
 from pipeline.methods.pruning import (
     CurveEvaluator,
-    checkpoint_curves,
     criterion_curves,
     criterion_scores,
     heads_for,
     importance_by_site,
-    kind_curves,
     paper_curves,
     prunable_fraction,
     pruned_copy,
@@ -72,21 +64,10 @@ from pipeline.methods.pruning import (
     saved_plans,
 )
 from pipeline.run.experiment import Experiment, log
-from pipeline.tasks.evaluation import ClassificationEval
 
 
-def sweep_evals(exp: Experiment, max_examples: int | None) -> dict:
-    """The evaluations of every pruned model: BLEU on test (translation), or the metric on dev and test."""
-    if exp.is_translation:
-        return {"test": exp.translation_eval("test", max_examples)}
-    if exp.is_language_modeling:
-        return {split: exp.lm_eval(split, max_examples) for split in EVAL_SPLITS}
-    sets = exp.eval_sets(max_examples=max_examples)
-    return {split: ClassificationEval(eval_set, exp.metric, exp.runtime) for split, eval_set in sets.items()}
-
-
-def main() -> None:
-    exp = Experiment.from_cli()
+def main(argv: list[str] | None = None) -> None:
+    exp = Experiment.from_cli(argv)
     with exp.runtime.autocast():  # every evaluation, importance and tuning pass at the runtime's precision
         prune(exp)
 
@@ -105,28 +86,13 @@ class Laps:
         self._last = now
 
 
-def other_unit_curves(exp: Experiment, evaluator: CurveEvaluator, importance: list, criteria: dict,
-                      counts: list[int], choice: HeadChoice) -> pd.DataFrame:
-    """With prune.compare_units under grouped-query attention: the importance, random and criteria curves again in
-    the unit that prune.unit is not (empty otherwise)."""
-    pp = exp.params.prune
-    sites = attention_sites(evaluator.model)
-    if not pp.compare_units or all(site.original_group_size == 1 for site in sites):
-        return pd.DataFrame(columns=TABLE_COLUMNS[OTHER_UNIT_CURVE_TABLE])
-    other = dataclasses.replace(choice, unit=next(unit for unit in HEAD_UNITS if unit != choice.unit))
-    curves = paper_curves(evaluator, other.rank(importance, sites), counts, pp.random_seeds, other)
-    curves += criterion_curves(evaluator, criteria, counts, other)
-    return pd.concat(curves, ignore_index=True).assign(unit=other.unit)
-
-
 def prune(exp: Experiment) -> None:
     p, pp = exp.params, exp.params.prune
     lap = Laps()
     model = exp.load(exp.finetuned_dir)
-    evals = sweep_evals(exp, pp.max_examples)
-    # A short batch to count FLOPs on: its length sets the attention's share of them.
-    probe_batch = next(iter(evals.values())).eval_set.batches[0] if exp.is_classification else exp.score_batches()[0]
-    probe = {k: v[:8] for k, v in probe_batch.items()}
+    task = exp.task
+    evals = task.evaluations(pp.max_examples)
+    probe = task.probe_batch(evals)  # a short batch to count FLOPs on
     sites = attention_sites(model)
     total = sum(site.num_heads for site in sites)
     choice = HeadChoice(pp.unit, pp.uniform, pp.min_heads_per_layer)
@@ -159,28 +125,19 @@ def prune(exp: Experiment) -> None:
             **({} if stock is not None else {NOT_STOCK_BECAUSE: why_not})}
     lap("save the pruned models")
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
-                          exp.score_batches() if pp.reestimate else None, p.score.normalize_p)
+                          task.score_batches() if pp.reestimate else None, p.score.normalize_p)
     lap("paper's curves (importance, re-estimated, random)")
-    criteria = criterion_scores(model, pp.criteria, exp.score_batches()) if pp.criteria else {}
+    criteria = criterion_scores(model, pp.criteria, task.score_batches()) if pp.criteria else {}
     if criteria:
         curves += criterion_curves(evaluator, criteria, counts, choice)
         lap("criteria curves")
-    if exp.is_translation and pp.by_kind:
-        curves += kind_curves(evaluator, order, levels, choice)
-        lap("curves by attention kind")
-    if exp.is_translation and pp.checkpoints:
-        loaders = {step: functools.partial(exp.load, path) for step, path in exp.checkpoint_dirs().items()}
-        by_step, summary[RANK_CORRELATION] = checkpoint_curves(
-            loaders, evaluator, exp.score_batches(), counts, importance,
-            p.score.normalize_p, choice, log=lambda line: log.info("prune: %s", line))
-        curves += by_step
-        lap("checkpoint curves")
+    extra, found = task.extra_curves(evaluator, order, levels, counts, importance, choice, lap)
+    curves += extra
+    summary.update(found)
     table = pd.concat(curves, ignore_index=True)
     write_csv(exp.reports / CURVE_TABLE, table)
-    if exp.is_language_modeling:
-        write_csv(exp.reports / OTHER_UNIT_CURVE_TABLE, other_unit_curves(exp, evaluator, importance, criteria, counts,
-                                                                              choice))
-        lap("curves in the other unit")
+    for name, extra_table in task.extra_tables(evaluator, importance, criteria, counts, choice, lap).items():
+        write_csv(exp.reports / name, extra_table)
     for split in evals:
         fraction, metric, base = prunable_fraction(table, IMPORTANCE, split, exp.metric)
         summary[split] = {PRUNABLE_FRACTION: fraction, METRIC_AT_PRUNABLE: metric, UNPRUNED_METRIC: base}
@@ -188,18 +145,18 @@ def prune(exp: Experiment) -> None:
     b = pp.budgeted
     budgeted_table, budgeted_layers = empty_budgeted_tables()
     if b.methods:
-        budget_evals = evals if b.max_examples == pp.max_examples else sweep_evals(exp, b.max_examples)
-        tune_batches = exp.sample_batches(b.tune_examples) if BUDGETED_TUNED in b.methods else []
+        budget_evals = evals if b.max_examples == pp.max_examples else task.evaluations(b.max_examples)
+        tune_batches = task.sample_batches(b.tune_examples) if BUDGETED_TUNED in b.methods else []
         calibrates = b.calibration_examples and {BUDGETED_HEADS, BUDGETED_TUNED} & set(b.methods)
-        calibration = exp.sample_batches(b.calibration_examples, skip=b.fisher_examples) if calibrates else []
+        calibration = task.sample_batches(b.calibration_examples, skip=b.fisher_examples) if calibrates else []
         if calibrates and not calibration:
             log.warning("prune: %s has no examples left after the Fisher sample's %d: %s ranks heads by the raw "
                         "Fisher information and %s keeps its tuning unchecked", p.score.split, b.fisher_examples,
                         BUDGETED_HEADS, BUDGETED_TUNED)
         result = budgeted_comparison(
-            model, order, probe, CurveEvaluator(model, budget_evals, probe), exp.sample_batches(b.fisher_examples),
+            model, order, probe, CurveEvaluator(model, budget_evals, probe), task.sample_batches(b.fisher_examples),
             tune_batches, b.methods, b.levels, b.budget, LatencyShape(**b.latency.model_dump()),
-            first_token_last_layer=not exp.is_translation, keep_models_at=b.save_levels, choice=choice,
+            first_token_last_layer=task.first_token_last_layer, keep_models_at=b.save_levels, choice=choice,
             calibration=calibration, metric=exp.metric, collapse=b.collapse, head_importance=importance,
             width_multiple=b.width_multiple, width_probe_tokens=b.width_probe_tokens)
         for line in collapse_lines(result.table, b.budget):

@@ -19,7 +19,7 @@ from pipeline.report.build import build_report
 from pipeline.run.preflight import params_file
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     path = params_file()
     sys.excepthook = artifact_excepthook(path)  # a damaged table: one line naming the stage to rerun
     params = traced(load_params(path), "report")

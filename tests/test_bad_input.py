@@ -138,7 +138,7 @@ def test_labels_that_are_not_the_class_ids_the_task_expects_are_refused(project,
 
 
 def test_string_labels_become_ids_and_keep_their_names(project):
-    from pipeline.tasks.classification import TaskSpec, load_task
+    from pipeline.tasks.classification.data import TaskSpec, load_task
 
     write_csv("names.csv", balanced(labels=("pos", "neg")))
     assert problems(data={"source": "names.csv"}) == []
@@ -236,7 +236,7 @@ def test_a_translation_file_with_a_missing_sentence_names_the_line(project):
 
 
 def test_parallel_text_files_with_mismatched_line_counts_are_refused(project):
-    from pipeline.tasks.translation import load_translation_task
+    from pipeline.tasks.translation.data import load_translation_task
 
     Path("corpus").mkdir()
     Path("corpus/train.en").write_text("".join(f"hello {i}\n" for i in range(30)))
@@ -431,7 +431,7 @@ def test_the_checks_command_lists_every_problem_and_a_later_stage_refuses_bad_pa
 def test_a_hub_model_is_checked_from_its_config_alone_when_the_hub_is_reachable(project, monkeypatch):
     import huggingface_hub
 
-    from pipeline.tasks import inputs
+    from pipeline.data import inputs
 
     Path("pythia.json").write_text(json.dumps({"model_type": "gpt_neox"}))
     fetched = []

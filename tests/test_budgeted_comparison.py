@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.data.evaluation import ClassificationEval, EvalSet
 from pipeline.files.schema import (
     BUDGETED,
     BUDGETED_BENCHMARK_TABLE,
@@ -24,7 +25,6 @@ from pipeline.files.schema import (
 from pipeline.methods.comparison import budgeted_comparison, collapse_lines, flag_collapses, kept_per_layer
 from pipeline.methods.pruning import CurveEvaluator
 from pipeline.report.build import build_report
-from pipeline.tasks.evaluation import ClassificationEval, EvalSet
 from tests.tiny_models import tiny_batch, tiny_model
 
 LEVELS = [0.0, 0.1, 0.2, 0.3]

@@ -20,10 +20,11 @@ from pipeline.checks.tiny_project import write_tiny_assets
 from pipeline.config.params import ParamsError, parse_params
 from pipeline.config.trace import TracedParams
 from pipeline.core.checkpoint import load_model
+from pipeline.data.evaluation import evaluate, make_eval_set
 from pipeline.files.schema import FINETUNED_DIR
 from pipeline.run.experiment import Experiment
-from pipeline.tasks.classification import HeadMismatch, checkpoint_label_order
-from pipeline.tasks.evaluation import evaluate, make_eval_set
+from pipeline.tasks.classification.data import HeadMismatch, checkpoint_label_order
+from pipeline.tasks.classification.finetune import finetune as finetune_classifier
 from stages import finetune, prepare
 from tests.tiny_project import ROOT, tiny_params, undeclared_params
 
@@ -63,15 +64,14 @@ def save_classifier(root, name: str, num_labels: int = 2, id2label: dict | None 
 
 
 def run_stages() -> Experiment:
-    prepare.classification(Experiment.from_params_file("params.yaml"))
-    exp = Experiment.from_params_file("params.yaml")
-    finetune.classification(exp)
-    return exp
+    prepare.main(["--params", "params.yaml"])
+    finetune.main(["--params", "params.yaml"])
+    return Experiment.from_params_file("params.yaml")
 
 
 def direct_scores(exp: Experiment, model) -> dict[str, float]:
     data, tokenizer = exp.splits(), exp.tokenizer()
-    return {split: evaluate(model.eval(), make_eval_set(data[split], tokenizer, 32), exp.task()["metric"])[0]
+    return {split: evaluate(model.eval(), make_eval_set(data[split], tokenizer, 32), exp.task_info()["metric"])[0]
             for split in ("dev", "test")}
 
 
@@ -126,15 +126,15 @@ def test_epochs_0_refuses_a_model_without_the_tasks_head_in_one_line_before_writ
         frame.to_csv(project / "data.csv", index=False)
         save_classifier(project, "model", id2label={0: "negative", 1: "positive"})
     write_params(project, "model")
-    prepare.classification(Experiment.from_params_file("params.yaml"))
-    exp = Experiment.from_params_file("params.yaml")
+    prepare.main(["--params", "params.yaml"])
     with pytest.raises(SystemExit) as refused:
-        finetune.classification(exp)
+        finetune.main(["--params", "params.yaml"])
     message = str(refused.value)
     assert message.startswith("error: finetune.epochs: 0") and "model.name_or_path" in message
     assert "\n" not in message and "allowed:" in message
     if case == "head weights missing":
         assert "classifier." in message and "initialised at random" in message
+    exp = Experiment.from_params_file("params.yaml")
     assert not (project / exp.artifacts / FINETUNED_DIR).exists()
     assert not (project / exp.reports / "finetune.json").exists()
 
@@ -167,11 +167,11 @@ def test_head_labels_reorder_a_label_k_head_and_the_stage_reads_only_params_dvc_
     original = save_classifier(project, "fine_tuned")  # id2label LABEL_0, LABEL_1: the order is the user's word
     write_params(project, "fine_tuned", head_labels=["pos", "neg"])
     shutil.copy(ROOT / "dvc.yaml", project / "dvc.yaml")
-    prepare.classification(Experiment.from_params_file("params.yaml"))
+    prepare.main(["--params", "params.yaml"])
     exp = Experiment.from_params_file("params.yaml")
     reads: set[str] = set()
-    finetune.classification(dataclasses.replace(exp, params=TracedParams(exp.params, reads)))
-    assert torch.equal(load_model(exp.finetuned_dir).classifier.weight, original.classifier.weight.flip(0))
+    model = finetune_classifier(dataclasses.replace(exp, params=TracedParams(exp.params, reads))).model
+    assert torch.equal(model.classifier.weight, original.classifier.weight.flip(0))
     assert "finetune.head_labels" in reads and "finetune.epochs" in reads
     (project / "trace").mkdir()
     (project / "trace" / "finetune.json").write_text(json.dumps(sorted(reads)))

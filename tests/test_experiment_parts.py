@@ -13,6 +13,8 @@ from pipeline.config.params import ParamsError, load_params, parse_params
 from pipeline.core.gates import head_gates
 from pipeline.core.importance import HeadChoice, random_order
 from pipeline.core.sites import attention_sites, layer_stack
+from pipeline.data.evaluation import ClassificationEval, make_eval_set, predict
+from pipeline.data.metrics import compute_metric
 from pipeline.methods.ablation import ablation_tables, record_block_outputs, replay_blocks_below
 from pipeline.methods.bench import forward_memory_mb
 from pipeline.methods.pruning import (
@@ -23,8 +25,6 @@ from pipeline.methods.pruning import (
     pruning_levels,
     reestimated_plans,
 )
-from pipeline.tasks.evaluation import ClassificationEval, make_eval_set, predict
-from pipeline.tasks.metrics import compute_metric
 from tests.tiny_models import tiny_model
 
 
@@ -133,8 +133,8 @@ def test_replaying_lower_layers_gives_the_same_predictions_as_running_them():
 
 
 def test_perplexity_ablation_replays_the_layers_below_and_gives_the_tables_of_running_every_layer():
-    from pipeline.lm.perplexity import LanguageModelEval
     from pipeline.methods.ablation import one_group_table
+    from pipeline.tasks.language_modeling.perplexity import LanguageModelEval
     from tests.tiny_models import tiny_batch
 
     model = tiny_model("llama")

@@ -29,13 +29,13 @@ if importlib.util.find_spec("fairseq") is None:
         raise ImportError("CI must install the fairseq extra (make setup) so that tests/test_fairseq.py runs")
     pytest.skip("the fairseq extra is not installed", allow_module_level=True)
 
-from pipeline.backends import fairseq as fb  # noqa: E402
 from pipeline.core.flops import parameter_count  # noqa: E402
 from pipeline.core.gates import head_gates  # noqa: E402
 from pipeline.core.importance import head_importance, per_example_loss, rank_heads  # noqa: E402
 from pipeline.core.sites import attention_sites  # noqa: E402
 from pipeline.core.surgery import prune_heads  # noqa: E402
 from pipeline.methods.pruning import CurveEvaluator, plans_from_order  # noqa: E402
+from pipeline.tasks.translation import fairseq as fb  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains a fairseq model with fairseq-train
 
@@ -204,7 +204,7 @@ def test_a_truncated_or_garbage_checkpoint_is_reported_as_corrupt(trained, tmp_p
 
 def test_importing_the_backend_leaves_other_libraries_logging_alone():
     code = ("import logging; other = logging.getLogger('other'); "
-            "import pipeline.backends.fairseq; "
+            "import pipeline.tasks.translation.fairseq; "
             "assert logging.getLogger().level == logging.WARNING and not logging.getLogger().handlers; "
             "assert other.getEffectiveLevel() == logging.WARNING")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

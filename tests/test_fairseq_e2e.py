@@ -24,10 +24,10 @@ if importlib.util.find_spec("fairseq") is None:
         raise ImportError("CI must install the fairseq extra (make setup) so that tests/test_fairseq_e2e.py runs")
     pytest.skip("the fairseq extra is not installed", allow_module_level=True)
 
-from pipeline.backends import fairseq as fb  # noqa: E402
 from pipeline.core.importance import head_importance  # noqa: E402
 from pipeline.core.sites import attention_sites  # noqa: E402
 from pipeline.run.experiment import Experiment  # noqa: E402
+from pipeline.tasks.translation import fairseq as fb  # noqa: E402
 from stages import prepare  # noqa: E402
 
 pytestmark = pytest.mark.slow  # runs `dvc repro mt-fairseq/dvc.yaml`
@@ -129,7 +129,7 @@ def test_a_pruned_checkpoint_reloads_and_scores_what_the_curve_says(repo, exp):
     folder = exp.pruned_dir(0.5)
     model = fb.load_checkpoint(folder / "checkpoint.pt", data_bin=folder, trust_checkpoint=True)
     assert sum(site.num_heads for site in attention_sites(model)) == 12  # of 24
-    task_eval = exp.translation_eval("test", exp.params.prune.max_examples)
+    task_eval = exp.task.evaluation("test", exp.params.prune.max_examples)
     assert task_eval(model)[0] == pytest.approx(expected, abs=1e-9)
 
 
@@ -145,7 +145,7 @@ def test_the_benchmark_times_the_pruned_models(repo):
 def test_the_same_seed_gives_the_same_importance_and_a_second_repro_is_a_no_op(repo, exp):
     # The score stage's computation again, in this process: the seeded subset and the gradients must agree.
     table = pd.read_csv(repo / "reports" / "tiny-fairseq" / "importance.csv")
-    raw = head_importance(exp.load(exp.finetuned_dir), exp.score_batches(), progress=False)
+    raw = head_importance(exp.load(exp.finetuned_dir), exp.task.score_batches(), progress=False)
     assert torch.cat(raw).tolist() == pytest.approx(table.importance_raw.tolist(), rel=1e-6)
     assert ran_stages(run(["dvc", "repro", "mt-fairseq/dvc.yaml"], repo)) == []
 
@@ -157,7 +157,7 @@ def test_an_untrusted_checkpoint_stops_prepare_with_the_key_to_set(repo, tmp_pat
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as stop:
-        prepare.fairseq(Experiment.from_params_file("params.yaml"))
+        prepare.main(["--params", "params.yaml"])
     message = str(stop.value.code)
     assert message.startswith("error: model.trust_checkpoint:") and "argparse.Namespace" in message
     assert "set model.trust_checkpoint: true only if you trust" in message and "\n" not in message

@@ -25,13 +25,13 @@ if importlib.util.find_spec("fairseq") is None:
         raise ImportError("CI must install the fairseq extra (make setup) so that tests/test_fairseq_ffn.py runs")
     pytest.skip("the fairseq extra is not installed", allow_module_level=True)
 
-from pipeline.backends import fairseq as fb  # noqa: E402
 from pipeline.core.checkpoint import apply_pruning_record, check_pruned_shapes, pruning_record  # noqa: E402
 from pipeline.core.flops import forward_flops, parameter_count  # noqa: E402
 from pipeline.core.gates import head_gates, neuron_gates  # noqa: E402
 from pipeline.core.importance import per_example_loss  # noqa: E402
 from pipeline.core.sites import UnsupportedModelError, ffn_sites  # noqa: E402
 from pipeline.core.surgery import prune_heads, prune_neurons  # noqa: E402
+from pipeline.tasks.translation import fairseq as fb  # noqa: E402
 from tests.tiny_models import randomize_biases  # noqa: E402
 
 # isort: split

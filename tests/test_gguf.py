@@ -22,10 +22,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from pipeline.core.gguf import GGUFError, convert_gguf, local_gguf, read_metadata
+from pipeline.data.assets import LLM_MODEL, MODEL, sha256_file
+from pipeline.data.inputs import DEFAULT_SHAPES
+from pipeline.data.sources import materialize_model
 from pipeline.files.schema import DEFAULT
-from pipeline.tasks.assets import LLM_MODEL, MODEL, sha256_file
-from pipeline.tasks.inputs import DEFAULT_SHAPES
-from pipeline.tasks.sources import materialize_model
 from tests.tiny_gguf import BOS, EOS, tiny_gqa_llama, write_tiny_gguf
 from tests.tiny_project import ROOT
 

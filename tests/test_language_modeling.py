@@ -19,6 +19,9 @@ from torch import nn
 
 from pipeline.config.params import ParamsError, parse_params
 from pipeline.core.importance import per_example_loss
+from pipeline.data.inputs import language_modeling_source_problems
+from pipeline.data.local_files import InputError
+from pipeline.data.subword import train_tokenizer
 from pipeline.files.schema import (
     PERPLEXITY,
     SPLITS,
@@ -28,14 +31,11 @@ from pipeline.files.schema import (
     within_tolerance,
     worst_acceptable,
 )
-from pipeline.lm.llama import collate_texts, llama_config, new_llama, token_nll
-from pipeline.lm.perplexity import LanguageModelEval, perplexity, unigram_perplexity
-from pipeline.lm.training import LanguageModelTrainConfig, train_language_model
 from pipeline.methods.pruning import prunable_fraction
-from pipeline.tasks import language_modeling as lm_data
-from pipeline.tasks.inputs import language_modeling_source_problems
-from pipeline.tasks.local_files import InputError
-from pipeline.tasks.subword import train_tokenizer
+from pipeline.tasks.language_modeling import data as lm_data
+from pipeline.tasks.language_modeling.llama import collate_texts, llama_config, new_llama, token_nll
+from pipeline.tasks.language_modeling.perplexity import LanguageModelEval, perplexity, unigram_perplexity
+from pipeline.tasks.language_modeling.training import LanguageModelTrainConfig, train_language_model
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ("the cat dog bird sees eats runs a big small red house tree in on under and it is was very").split()
@@ -396,7 +396,7 @@ def test_finetune_trains_from_scratch_and_saves_a_model_the_later_stages_load(pr
     exp = Experiment(parse_params(yaml.safe_load((prepared / "params.yaml").read_text())))
     monkeypatch.chdir(prepared)
     model = exp.load(exp.finetuned_dir)
-    assert exp.lm_eval("test")(model)[0] == pytest.approx(metrics["test"], rel=1e-5)
+    assert exp.task.evaluation("test")(model)[0] == pytest.approx(metrics["test"], rel=1e-5)
 
 
 @pytest.mark.slow  # the prepare and finetune stages in subprocesses
@@ -417,4 +417,4 @@ def test_a_pretrained_model_is_only_evaluated(tmp_path, tokenizer, model, monkey
     assert metrics["train_steps"] == 0 and metrics["model"] == str(tmp_path / "pretrained")
     monkeypatch.chdir(tmp_path)
     exp = Experiment(parse_params(params))
-    assert exp.lm_eval("test")(model)[0] == pytest.approx(metrics["test"], rel=1e-5)
+    assert exp.task.evaluation("test")(model)[0] == pytest.approx(metrics["test"], rel=1e-5)

@@ -1,5 +1,5 @@
-"""Recovery fine-tuning of pruned language models: LoRA adapters (pipeline/lm/lora.py) trained by the one training
-loop and merged back, and full fine-tuning through the same loop (pipeline/lm/training.py). Models are tiny random
+"""Recovery fine-tuning of pruned language models: LoRA adapters (pipeline/tasks/language_modeling/lora.py) trained by the one training
+loop and merged back, and full fine-tuning through the same loop (pipeline/tasks/language_modeling/training.py). Models are tiny random
 decoder-only models built from configs, pruned unequally per layer (one layer emptied)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
-from pipeline.lm.lora import lora_adapters, lora_target_names
-from pipeline.lm.training import RecoveryConfig, recover_language_model, train_language_model
+from pipeline.tasks.language_modeling.lora import lora_adapters, lora_target_names
+from pipeline.tasks.language_modeling.training import RecoveryConfig, recover_language_model, train_language_model
 from tests.tiny_models import GQA, LM_FAMILIES, PAD, VOCAB, logits, randomize_biases, tiny_batch, tiny_model
 
 # A large learning rate and no warm-up, so a few steps of a tiny model move its loss clearly.

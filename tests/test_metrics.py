@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from pipeline.data.metrics import compute_metric, mcnemar_pvalue, paired_bootstrap, paired_bootstrap_pvalue
 from pipeline.files.schema import CLASSIFICATION_METRICS
-from pipeline.tasks.metrics import compute_metric, mcnemar_pvalue, paired_bootstrap, paired_bootstrap_pvalue
 
 # gold 1 1 1 1 0 0 0 0 0 0 / pred 1 1 1 0 1 0 0 0 0 0 -> tp 3, fn 1, fp 1, tn 5
 GOLD = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]

@@ -117,14 +117,14 @@ def test_the_calibration_sample_is_held_out_from_the_fisher_sample(repo, monkeyp
         return [tuple(row[mask.bool()].tolist()) + (int(label),) for b in batches
                 for row, mask, label in zip(b["input_ids"], b["attention_mask"], b["labels"], strict=True)]
 
-    fisher, held_out = examples(exp.sample_batches(64)), examples(exp.sample_batches(256, skip=64))
+    fisher, held_out = examples(exp.task.sample_batches(64)), examples(exp.task.sample_batches(256, skip=64))
     train = len(exp.split("train"))
     assert 64 < train < 64 + 256  # the tiny project: the held-out sample is the rest of train
     assert len(fisher) == 64 and len(held_out) == train - 64
-    assert sorted(fisher + held_out) == sorted(examples(exp.sample_batches(None)))  # together: all of train, once
+    assert sorted(fisher + held_out) == sorted(examples(exp.task.sample_batches(None)))  # together: all of train, once
     # The held-out sample continues the same seeded order: the first 16 after the Fisher sample's 64.
-    first_80 = Counter(examples(exp.sample_batches(80)))
-    assert Counter(examples(exp.sample_batches(16, skip=64))) == first_80 - Counter(fisher)
+    first_80 = Counter(examples(exp.task.sample_batches(80)))
+    assert Counter(examples(exp.task.sample_batches(16, skip=64))) == first_80 - Counter(fisher)
 
 
 def test_second_repro_is_a_no_op(repo):

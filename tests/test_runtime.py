@@ -94,7 +94,7 @@ def test_bf16_scoring_of_one_model_ranks_heads_as_fp32_scoring_does(bf16_repo, m
     # more on a tiny random model, whose 8 heads are near-exchangeable: bf16 fine-tuning gives another model.)
     monkeypatch.chdir(bf16_repo)
     exp = Experiment(parse_params(yaml.safe_load((bf16_repo / "params.yaml").read_text())))
-    model, batches = exp.load(exp.finetuned_dir), exp.score_batches()
+    model, batches = exp.load(exp.finetuned_dir), exp.task.score_batches()
     fp32 = torch.cat(head_importance(model, batches))
     with Runtime(torch.device("cpu"), "bf16").autocast():
         bf16 = torch.cat(head_importance(model, batches))

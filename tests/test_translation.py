@@ -15,13 +15,14 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from pipeline.mt.bleu import bleu, bleu_paired_pvalue
-from pipeline.mt.decoding import translate
-from pipeline.mt.marian import marian_config, new_marian
-from pipeline.mt.training import TranslationTrainConfig, token_budget_batches, train_translation
-from pipeline.tasks import translation as translation_data
-from pipeline.tasks.subword import train_tokenizer
-from pipeline.tasks.translation import load_tatoeba_pairs, load_translation_task, split_by_source, tokenize_pairs
+from pipeline.data.readers import load_tatoeba_pairs
+from pipeline.data.subword import train_tokenizer
+from pipeline.tasks.translation import data as translation_data
+from pipeline.tasks.translation.bleu import bleu, bleu_paired_pvalue
+from pipeline.tasks.translation.data import load_translation_task, split_by_source, tokenize_pairs
+from pipeline.tasks.translation.decoding import translate
+from pipeline.tasks.translation.marian import marian_config, new_marian
+from pipeline.tasks.translation.training import TranslationTrainConfig, token_budget_batches, train_translation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -375,7 +376,7 @@ def test_bleu_of_identical_text_is_100_with_a_signature():
 
 def test_sacrebleu_is_loaded_only_when_bleu_is_scored():
     """Every stage imports the experiment, and with it this module; a classification stage skips sacrebleu's 0.6 s."""
-    probe = ("import sys, pipeline.run.experiment, pipeline.mt.bleu as b; print('sacrebleu' in sys.modules); "
+    probe = ("import sys, pipeline.run.experiment, pipeline.tasks.translation.bleu as b; print('sacrebleu' in sys.modules); "
              "b.bleu(['a cat'], ['a cat']); print('sacrebleu' in sys.modules)")
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.split() == ["False", "True"]

@@ -17,15 +17,15 @@ from tokenizers import processors
 from pipeline.core.checkpoint import save_model
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
-from pipeline.lm.zero_shot import (
+from pipeline.data.readers import TREC_TRAIN_ROWS, read_rotten_tomatoes_ratings
+from pipeline.data.subword import EOS, train_tokenizer
+from pipeline.tasks.language_modeling.zero_shot import (
     TASK_NAMES,
     ZERO_SHOT_TASKS,
     balanced_sample,
     write_tasks,
     zero_shot_accuracy,
 )
-from pipeline.tasks.classification import TREC_TRAIN_ROWS, read_rotten_tomatoes_ratings
-from pipeline.tasks.subword import EOS, train_tokenizer
 from tests.tiny_models import VOCAB, tiny_model
 
 N = 12  # items per task

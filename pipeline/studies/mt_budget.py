@@ -33,11 +33,11 @@ import torch
 from transformers import MarianConfig
 
 from pipeline.files.atomic import write_bytes, write_csv
-from pipeline.mt.bleu import bleu
-from pipeline.mt.marian import new_marian
-from pipeline.mt.training import TranslationTrainConfig, train_translation
 from pipeline.report.figures import png_bytes  # headless matplotlib, byte-identical PNGs for identical rows
 from pipeline.run.experiment import Experiment, log
+from pipeline.tasks.translation.bleu import bleu
+from pipeline.tasks.translation.marian import new_marian
+from pipeline.tasks.translation.training import TranslationTrainConfig, train_translation
 
 OUT = Path("reports") / "studies" / "mt-budget"
 STEP_SECONDS = "step_seconds.csv"
@@ -103,7 +103,7 @@ class _Scorer:
 
     def __init__(self, exp: Experiment, c: Candidate, run: str, last: int):
         self.exp, self.c, self.run, self.last = exp, c, run, last
-        self.evals = {split: exp.translation_eval(split, num_beams=exp.params.translate.num_beams)
+        self.evals = {split: exp.task.evaluation(split, num_beams=exp.params.translate.num_beams)
                       for split in ("dev", "test")}
         self.rows: list[dict] = []
         self.seconds = 0.0  # spent scoring, not training

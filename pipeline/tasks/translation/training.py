@@ -17,7 +17,7 @@ from transformers import MarianMTModel, PreTrainedTokenizerBase
 
 from pipeline.core.importance import LABEL_PAD
 from pipeline.core.runtime import CPU_FP32, Runtime
-from pipeline.mt.marian import collate_pairs, decoder_inputs
+from pipeline.tasks.translation.marian import collate_pairs, decoder_inputs
 from pipeline.training.optim import adamw, train_step
 
 

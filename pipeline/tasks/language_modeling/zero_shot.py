@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,14 +40,23 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from pipeline.data.assets import fetch_asset
+from pipeline.data.catalog import OFFLINE_TASKS
+from pipeline.data.readers import load_trec, read_rotten_tomatoes_ratings
 from pipeline.files.atomic import staged_dir
-from pipeline.files.schema import DEFAULT
-from pipeline.tasks.assets import fetch_asset
-from pipeline.tasks.catalog import OFFLINE_TASKS
-from pipeline.tasks.classification import load_trec, read_rotten_tomatoes_ratings
+from pipeline.files.schema import (
+    DEFAULT,
+    GENERATIONS_TABLE,
+    TABLE_COLUMNS,
+    TASK_MODEL,
+    ZERO_SHOT_DIR,
+    ZERO_SHOT_TABLE,
+)
+from pipeline.run.experiment import Experiment, log
 
 # Snippets whose mean rating lies strictly between -1 and 1 are left out: on the [-4, 4] scale they are mixed or
 # mild, and a binary answer about them would measure the raters' disagreement more than the model.
@@ -165,7 +175,7 @@ def write_task_configs(dest: str | Path, samples: str | Path) -> list[Path]:
     dest, samples = Path(dest), Path(samples).resolve()
     dest.mkdir(parents=True, exist_ok=True)
     for task in ZERO_SHOT_TASKS:
-        header = f"# lm-eval task written by pipeline/lm/zero_shot.py: items of {OFFLINE_TASKS[task.source].name}.\n"
+        header = f"# lm-eval task written by pipeline/tasks/language_modeling/zero_shot.py: items of {OFFLINE_TASKS[task.source].name}.\n"
         config = yaml.dump(task_config(task, samples / f"{task.name}.jsonl"), Dumper=_TaskDumper, sort_keys=False,
                            allow_unicode=True, width=120)
         (dest / f"{task.name}.yaml").write_text(header + config, encoding="utf-8")
@@ -251,3 +261,57 @@ def zero_shot_accuracy(
                          "stderr": float(scores[f"{metric}_stderr,none"]),
                          "n": int(results["n-samples"][task]["effective"])})
     return pd.DataFrame(rows, columns=["task", "metric", "value", "stderr", "n"])
+
+
+# --- the zero_shot stage -------------------------------------------------------------------------------
+def models(exp: Experiment) -> dict:
+    """The models to read, by label: the unpruned and saved pruned ones, then each recovered one."""
+    saved = exp.task.saved_models()
+    recovered = {f"{label}, recovered ({exp.params.recover.method})": exp.recovered_root / path.name
+                 for label, path in list(saved.items())[1:] if (exp.recovered_root / path.name).is_dir()}
+    return {**saved, **recovered}
+
+
+@torch.inference_mode()
+def completions(exp: Experiment, model: torch.nn.Module, tokenizer) -> list[str]:
+    """Each of zero_shot.prompts completed greedily by `model`, zero_shot.new_tokens tokens at most."""
+    z, out = exp.params.zero_shot, []
+    for prompt in z.prompts:
+        inputs = tokenizer(prompt, return_tensors="pt").to(exp.runtime.device)
+        with exp.runtime.autocast():
+            ids = model.generate(**inputs, max_new_tokens=z.new_tokens, do_sample=False,
+                                 pad_token_id=exp.task.pad_token_id)
+        out.append(tokenizer.decode(ids[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip())
+    return out
+
+
+def zero_shot(exp: Experiment) -> tuple[dict[str, pd.DataFrame], dict]:
+    """(zero_shot.csv and generations.csv, zero_shot.json) for every model of `models`."""
+    z, tokenizer = exp.params.zero_shot, exp.tokenizer()
+    try:
+        check_prefix_tokenization(lambda text: tokenizer(text)["input_ids"])
+    except ValueError as error:  # a tokenizer trained from scratch here ends every text with </s>
+        log.warning("zero_shot: no zero-shot accuracy or completions for %s: %s", exp.task_info()[TASK_MODEL], error)
+        return ({ZERO_SHOT_TABLE: pd.DataFrame(columns=TABLE_COLUMNS[ZERO_SHOT_TABLE]),
+                 GENERATIONS_TABLE: pd.DataFrame(columns=TABLE_COLUMNS[GENERATIONS_TABLE])}, {"mean_accuracy": {}})
+    tables, generated = [], []
+    # lm-eval's task YAMLs name their data by absolute path, so they are written here, beside no output, for the
+    # samples that prepare wrote into the data folder.
+    with tempfile.TemporaryDirectory() as task_dir:
+        write_task_configs(task_dir, exp.data_dir / ZERO_SHOT_DIR)
+        for label, path in models(exp).items():
+            model = exp.load(path)
+            with exp.runtime.autocast():
+                table = zero_shot_accuracy(model, task_dir, tokenizer=tokenizer, batch_size=z.batch_size,
+                                           device=str(exp.runtime.device), seed=exp.params.seed)
+            tables.append(table.rename(columns={"n": "items"}).assign(model=label))
+            generated += [dict(model=label, prompt=p, completion=c)
+                          for p, c in zip(z.prompts, completions(exp, model, tokenizer), strict=True)]
+            accuracy = table[table["metric"] == "acc"]
+            log.info("zero_shot: %s: %s", label, ", ".join(f"{r.task} {100 * r.value:.1f}%"
+                                                         for r in accuracy.itertuples()))
+    table = pd.concat(tables, ignore_index=True)[["model", "task", "metric", "value", "stderr", "items"]]
+    # The headline for `dvc metrics`: each model's mean accuracy (lm-eval's acc) over the tasks.
+    accuracy = table[table["metric"] == "acc"]
+    return ({ZERO_SHOT_TABLE: table, GENERATIONS_TABLE: pd.DataFrame(generated)}, {"mean_accuracy": {
+        label: round(float(rows["value"].mean()), 4) for label, rows in accuracy.groupby("model", sort=False)}})

@@ -3,7 +3,7 @@
 All metrics are computed from a confusion matrix, so the bootstrap can resample confusion counts for
 1000 resamples at once instead of looping over them, and compute_metric and the bootstrap can never
 disagree about what a metric means. `paired_bootstrap` is the test itself, for any metric (BLEU's
-in pipeline/mt/bleu.py too).
+in pipeline/tasks/translation/bleu.py too).
 """
 
 from __future__ import annotations

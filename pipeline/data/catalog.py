@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.data.assets import DISASTER_TWEETS_DATA, SENTIMENT_DATA, TREC_DATA, WheelAsset
 from pipeline.files.schema import DEFAULT
-from pipeline.tasks.assets import DISASTER_TWEETS_DATA, SENTIMENT_DATA, TREC_DATA, WheelAsset
 
 
 @dataclass(frozen=True)

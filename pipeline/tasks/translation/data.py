@@ -17,7 +17,6 @@ Evaluation sets can be capped (`max_eval_pairs`) because beam search on a CPU is
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,10 +27,11 @@ import pandas as pd
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from pipeline.data.catalog import HUB_CORPORA
+from pipeline.data.inputs import local_pairs, read_pairs
+from pipeline.data.local_files import InputError, check_fractions, split_files
+from pipeline.data.readers import load_tatoeba_pairs
 from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS
-from pipeline.tasks.catalog import HUB_CORPORA
-from pipeline.tasks.inputs import local_pairs, read_pairs
-from pipeline.tasks.local_files import InputError, check_fractions, split_files
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -42,35 +42,6 @@ TATOEBA_LANGS = ("en", "es")  # the columns of spa.tsv, in file order
 # --- the offline default -----------------------------------------------------------------------------
 
 
-def load_tatoeba_pairs(path: str | Path) -> pd.DataFrame:
-    """Read manythings.org's spa.tsv into columns source (English), target (Spanish), attribution.
-
-    The file is UTF-8 with no header and three tab-separated fields per line: English, Spanish, and the
-    CC-BY 2.0 (France) attribution naming both Tatoeba sentence ids and their authors. An English
-    sentence may appear on several lines, once per accepted translation. Quoting is off because
-    sentences contain bare quote characters.
-    """
-    expected = "3 tab-separated fields (English, Spanish, attribution)"
-    try:
-        df = pd.read_csv(
-            path,
-            sep="\t",
-            header=None,
-            names=["source", "target", "attribution"],
-            encoding="utf-8",
-            quoting=csv.QUOTE_NONE,
-            keep_default_na=False,
-            dtype=str,
-        )
-    except pd.errors.ParserError as e:
-        raise InputError(f"{path}: expected {expected} per line: {e}") from None
-    short = df["attribution"].str.strip() == ""  # a missing field reads as ""
-    if short.any():
-        raise InputError(f"{path}: line {int(np.flatnonzero(short)[0]) + 1} has fewer than {expected}")
-    empty = (df["source"].str.strip() == "") | (df["target"].str.strip() == "")
-    if empty.any():
-        raise InputError(f"{path}: {int(empty.sum())} line(s) with an empty English or Spanish sentence")
-    return df
 
 
 # --- splitting ---------------------------------------------------------------------------------------

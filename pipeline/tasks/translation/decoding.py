@@ -11,7 +11,7 @@ from transformers import MarianMTModel, PreTrainedTokenizerBase
 
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.files.schema import BLEU
-from pipeline.mt.bleu import bleu, bleu_paired_pvalue, check_lengths
+from pipeline.tasks.translation.bleu import bleu, bleu_paired_pvalue, check_lengths
 
 
 @torch.inference_mode()

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from pipeline.core.runtime import CPU_FP32, Runtime
-from pipeline.tasks.metrics import compute_metric, paired_bootstrap_pvalue
+from pipeline.data.metrics import compute_metric, paired_bootstrap_pvalue
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -123,7 +123,7 @@ class TaskEval(Protocol):
 
 class ClassificationEval:
     """Scores a model on one evaluation split: what the ablation and pruning sweeps call, once per
-    masked or pruned model. `TranslationEval` (pipeline/mt/decoding.py) is the same thing with BLEU."""
+    masked or pruned model. `TranslationEval` (pipeline/tasks/translation/decoding.py) is the same thing with BLEU."""
 
     def __init__(self, eval_set: EvalSet, metric: str, runtime: Runtime = CPU_FP32):
         # The runtime's precision goes with the evaluation, so that a sweep's shards on other processes (Dask

@@ -23,9 +23,8 @@ import numpy as np
 from pipeline.core.gguf import SUFFIX, GGUFError, local_gguf, read_metadata
 from pipeline.core.levels import AttentionShape
 from pipeline.core.sites import FAMILIES
-from pipeline.files.schema import CLASSIFICATION, DEFAULT, LANGUAGE_MODELING, SCRATCH, SPLITS, TATOEBA
-from pipeline.tasks.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA, OFFLINE_TASKS, HubCorpus
-from pipeline.tasks.local_files import (
+from pipeline.data.catalog import GLUE_TASKS, HUB_CORPORA, LM_CORPORA, OFFLINE_TASKS, HubCorpus
+from pipeline.data.local_files import (
     FORMATS,
     InputError,
     Table,
@@ -40,6 +39,7 @@ from pipeline.tasks.local_files import (
     split_files,
     stratified_plan,
 )
+from pipeline.files.schema import CLASSIFICATION, DEFAULT, LANGUAGE_MODELING, SCRATCH, SPLITS, TATOEBA
 
 MODEL_CONFIG = "config.json"
 # What AutoTokenizer reads: a fast tokenizer's file, a slow one's vocabulary, or a sentencepiece model.
@@ -50,7 +50,7 @@ WEIGHT_FILES = (
 # pandas' default missing-value markers: a label spelled so is a hole in the data, not a class.
 MISSING_LABELS = {"nan", "na", "n/a", "null", "none", "<na>", "-nan"}
 HUB = "https://huggingface.co"
-# The attention of the pinned default models (pipeline/tasks/assets.py), as their config.json and GGUF header state
+# The attention of the pinned default models (pipeline/data/assets.py), as their config.json and GGUF header state
 # it (tests/test_gguf.py checks SmolLM2's): the levels a uniform plan can save are known before anything is fetched.
 DEFAULT_SHAPES = {CLASSIFICATION: AttentionShape.alike(sites=6, heads=12),
                   LANGUAGE_MODELING: AttentionShape.alike(sites=30, heads=9, kv_heads=3)}

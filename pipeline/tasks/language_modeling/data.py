@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 import datasets
 import numpy as np
 
+from pipeline.data.catalog import LM_CORPORA
+from pipeline.data.inputs import local_texts
+from pipeline.data.local_files import InputError, check_fractions
+from pipeline.data.readers import load_tatoeba_pairs
 from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS, TATOEBA
-from pipeline.tasks.catalog import LM_CORPORA
-from pipeline.tasks.inputs import local_texts
-from pipeline.tasks.local_files import InputError, check_fractions
-from pipeline.tasks.translation import load_tatoeba_pairs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

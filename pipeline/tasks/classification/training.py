@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 
 from pipeline.core.runtime import CPU_FP32, Runtime
-from pipeline.tasks.evaluation import training_batches
+from pipeline.data.evaluation import training_batches
 from pipeline.training.optim import adamw, train_step
 
 

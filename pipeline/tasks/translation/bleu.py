@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.tasks.metrics import paired_bootstrap
+from pipeline.data.metrics import paired_bootstrap
 
 if TYPE_CHECKING:
     from sacrebleu.metrics import BLEU

@@ -6,7 +6,7 @@ core uses for Hugging Face encoder-decoders (`model(input_ids=..., labels=...).l
 `model.base_model`). Through it the core works unchanged on all three kinds of attention (encoder,
 decoder, cross): `attention_sites`, `head_gates`, `head_importance` (token-level NLL, padding ignored),
 `prune_heads` and the pruning curves of `pipeline.methods.pruning`. Decoding uses fairseq's own
-`SequenceGenerator`; BLEU is sacrebleu's (`pipeline.mt.bleu.bleu`).
+`SequenceGenerator`; BLEU is sacrebleu's (`pipeline.tasks.translation.bleu.bleu`).
 
 Trust: every fairseq checkpoint pickles Python objects (its config holds an `argparse.Namespace`), and
 unpickling them can run code from the file. torch >= 2.6 refuses that by default, and so does
@@ -38,8 +38,8 @@ from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import UnsupportedModelError
 from pipeline.files.atomic import write_bytes
 from pipeline.files.schema import BLEU, EVAL_SPLITS, SPLITS
-from pipeline.mt.bleu import bleu, bleu_paired_pvalue
-from pipeline.mt.marian import collate_pairs, decoder_inputs
+from pipeline.tasks.translation.bleu import bleu, bleu_paired_pvalue
+from pipeline.tasks.translation.marian import collate_pairs, decoder_inputs
 
 MODEL_TYPE = "fairseq_transformer"  # the key of this backend's entry in pipeline.core.sites.FAMILIES
 PRUNING_KEY = "head_pruning"  # where save_checkpoint puts pipeline.core.checkpoint's pruning record
@@ -467,7 +467,7 @@ def generate(model: FairseqSeq2Seq, sources: Sequence[torch.Tensor], beam: int =
 
 
 class FairseqTranslationEval:
-    """Scores a model by the corpus BLEU of its translations of one split: `pipeline.mt.decoding.TranslationEval`
+    """Scores a model by the corpus BLEU of its translations of one split: `pipeline.tasks.translation.decoding.TranslationEval`
     for fairseq models (the `TaskEval` the ablation and pruning sweeps call, once per masked or pruned model).
 
     `references` are detokenised text; `post_process` turns hypotheses into the same form.

@@ -1,0 +1,43 @@
+"""The recover stage for language modelling: every saved pruned model recovered (recover.method: LoRA merged back,
+or full fine-tuning) and saved under recovered/ by its folder's name, for the zero-shot stage; test perplexity before
+and after, beside the unpruned model's on the same windows. The first row is the control: the unpruned model
+fine-tuned the same way (not saved), for a pretrained model also adapts to the recovery data, and that gain is not the
+pruned model's recovery."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from pipeline.core.sites import attention_sites
+from pipeline.files.schema import UNPRUNED_MODEL
+from pipeline.run.experiment import Experiment, log
+from pipeline.tasks.language_modeling.training import RecoveryConfig, recover_language_model
+
+
+def recover(exp: Experiment) -> pd.DataFrame:
+    p, r, task = exp.params, exp.params.recover, exp.task
+    train, test = exp.split("train")["input_ids"][:], task.evaluation("test", r.max_examples)
+    config = RecoveryConfig(steps=r.steps, method=r.method, batch_size=r.batch_size, learning_rate=r.learning_rate,
+                            warmup_steps=r.warmup_steps, weight_decay=r.weight_decay, rank=r.rank, alpha=r.alpha,
+                            dropout=r.dropout, seed=p.seed)
+    models = task.saved_models()
+    unpruned = test(exp.load(models[UNPRUNED_MODEL]))[0]
+    rows = []
+    for label, path in models.items():
+        model = exp.load(path)
+        sites = attention_sites(model)
+        before = test(model)[0] if label != UNPRUNED_MODEL else unpruned
+        start = time.perf_counter()
+        recover_language_model(model, train, task.pad_token_id, config, runtime=exp.runtime)
+        seconds = time.perf_counter() - start
+        if label != UNPRUNED_MODEL:
+            exp.save(model, exp.recovered_root / path.name)
+        rows.append(dict(model=label, fraction_pruned=1 - sum(s.num_heads for s in sites) / sum(
+                             s.original_num_heads for s in sites),
+                         metric_unpruned=unpruned, metric_before=before, metric_after=test(model)[0],
+                         method=r.method, steps=r.steps, seconds=round(seconds, 1)))
+        log.info("recover: %s, test perplexity %.2f -> %.2f after %d %s steps (unpruned %.2f; %.0f s)", label,
+                 before, rows[-1]["metric_after"], r.steps, r.method, unpruned, seconds)
+    return pd.DataFrame(rows)

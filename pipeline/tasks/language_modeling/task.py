@@ -1,0 +1,83 @@
+"""The language modeling `Task`: what every stage of its pipeline uses (pipeline/run/task.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import datasets
+import pandas as pd
+
+from pipeline.core.importance import HeadChoice
+from pipeline.core.sites import attention_sites
+from pipeline.files.schema import (
+    HEAD_UNITS,
+    LANGUAGE_MODELING,
+    OTHER_UNIT_CURVE_TABLE,
+    SCRATCH,
+    TABLE_COLUMNS,
+    UNPRUNED_MODEL,
+    kv_groups_label,
+)
+from pipeline.methods.pruning import CurveEvaluator, criterion_curves, paper_curves
+from pipeline.run.task import Batch, Task
+from pipeline.tasks.language_modeling.llama import collate_texts
+from pipeline.tasks.language_modeling.perplexity import LanguageModelEval
+
+
+class LanguageModelingTask(Task):
+    name = LANGUAGE_MODELING
+    first_token_last_layer = False
+    one_group_table = True
+
+    @property
+    def trains_from_scratch(self) -> bool:
+        """A Llama that the finetune stage trains; any other language model is only evaluated."""
+        return self.exp.params.model.name_or_path == SCRATCH
+
+    @property
+    def pad_token_id(self) -> int:
+        tokenizer = self.exp.tokenizer()
+        # Llama's and GPT-2's tokenizers have no pad token. Padding is masked out (attention and labels), so any id
+        # will do; eos is one the model knows.
+        return tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+
+    def batches(self, data: datasets.Dataset, batch_size: int) -> list[Batch]:
+        # labels == input_ids, -100 on padding: per_example_loss shifts them
+        pad, ids = self.pad_token_id, data["input_ids"][:]
+        return [collate_texts(ids[i : i + batch_size], pad) for i in range(0, len(ids), batch_size)]
+
+    def evaluation(self, split: str, max_examples: int | None = None) -> LanguageModelEval:
+        """Perplexity of `split` (a seeded subset of `max_examples` sequences), in batches of eval.batch_size."""
+        exp = self.exp
+        data = exp.split(split)
+        if max_examples is not None and max_examples < len(data):
+            data = data.shuffle(seed=exp.params.seed).select(range(max_examples))
+        return LanguageModelEval(data["input_ids"][:], self.pad_token_id, exp.params.eval.batch_size, exp.runtime)
+
+    def saved_models(self) -> dict[str, Path]:
+        """The models by label, the unpruned one first: those the prune stage saved (prune.save_fractions in
+        prune.unit, prune.kv_group_fractions), whose folders the recover, zero-shot and benchmark stages read."""
+        exp = self.exp
+        pp = exp.params.prune
+        return {UNPRUNED_MODEL: exp.finetuned_dir,
+                **{f"{f:.0%} of heads ({pp.unit})": exp.pruned_dir(f) for f in pp.save_fractions},
+                **{kv_groups_label(f): exp.kv_groups_dir(f) for f in pp.kv_group_fractions}}
+
+    def extra_tables(self, evaluator: CurveEvaluator, importance: list, criteria: dict, counts: list[int],
+                     choice: HeadChoice, lap: Callable[[str], None]) -> dict[str, pd.DataFrame]:
+        """With prune.compare_units under grouped-query attention: the importance, random and criteria curves again
+        in the unit that prune.unit is not (empty otherwise)."""
+        pp = self.exp.params.prune
+        sites = attention_sites(evaluator.model)
+        if not pp.compare_units or all(site.original_group_size == 1 for site in sites):
+            return {OTHER_UNIT_CURVE_TABLE: pd.DataFrame(columns=TABLE_COLUMNS[OTHER_UNIT_CURVE_TABLE])}
+        other = dataclasses.replace(choice, unit=next(unit for unit in HEAD_UNITS if unit != choice.unit))
+        curves = paper_curves(evaluator, other.rank(importance, sites), counts, pp.random_seeds, other)
+        curves += criterion_curves(evaluator, criteria, counts, other)
+        lap("curves in the other unit")
+        return {OTHER_UNIT_CURVE_TABLE: pd.concat(curves, ignore_index=True).assign(unit=other.unit)}
+
+
+TASK = LanguageModelingTask
