@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
+from pipeline.core.timer import SPEEDUP_SPREAD
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import (
     BENCHMARK_SUMMARY,
@@ -41,13 +42,7 @@ from pipeline.files.schema import (
     TABLE_COLUMNS,
     UNPRUNED_MODEL,
 )
-from pipeline.methods.bench import (
-    SPEEDUP_SPREAD,
-    floor_model,
-    forward_memory_mb,
-    measure_generation,
-    measure_throughput,
-)
+from pipeline.methods.bench import floor_model, forward_memory_mb, measure_generation, measure_throughput
 from pipeline.methods.llm_bench import DECODE, llm_benchmark
 from pipeline.run.experiment import Experiment, log
 

@@ -40,8 +40,8 @@ from pipeline.core.gates import gate_grad, head_gates, neuron_gates
 from pipeline.core.importance import PAPER_CHOICE, HeadChoice, frozen_for_gate_gradients, per_example_loss
 from pipeline.core.sites import attention_sites, family_of, ffn_sites, is_decoder_only, pre_norms
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.core.timer import median_times
 from pipeline.files.schema import BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED, ENCODER
-from pipeline.methods.bench import median_times
 
 Batches = Sequence[Mapping[str, torch.Tensor]]
 

@@ -6,8 +6,8 @@
 Two phases, each timed on its own for `repeats` rounds after a warm-up: the models take turns within each
 round (each called back to back until its calls have lasted `turn_seconds`; the round keeps their median), and
 the phases and batch sizes take turns too, so each one's rounds span the whole run
-(`pipeline.methods.bench.spread_times`). A speedup is the median of the rounds' ratios, with its interquartile
-range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`, `pipeline.methods.bench.Ratio`):
+(`pipeline.core.timer.spread_times`). A speedup is the median of the rounds' ratios, with its interquartile
+range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`, `pipeline.core.timer.Ratio`):
 - prefill: one forward pass over a prompt batch that builds the KV cache (and the last position's logits, as
   `generate` computes them), in prompt tokens/s;
 - decode: `new_tokens` greedy steps, each one token per sequence reading and extending that cache, in generated
@@ -35,17 +35,9 @@ from pipeline.core.importance import HeadChoice
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
+from pipeline.core.timer import peak_allocated_mib, ratio_columns, speedup_ratio, spread_times
 from pipeline.files.schema import UNPRUNED_MODEL, kv_groups_label
-from pipeline.methods.bench import (
-    on_device,
-    peak_allocated_mib,
-    random_inputs,
-    ratio_columns,
-    runtime_columns,
-    speedup_ratio,
-    spread_times,
-    weights_mib,
-)
+from pipeline.methods.bench import on_device, random_inputs, runtime_columns, weights_mib
 
 PREFILL, DECODE = "prefill", "decode"
 # The table's columns (and the device/precision of `runtime_columns`).

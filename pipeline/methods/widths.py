@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from pipeline.core.runtime import RuntimeUnavailable, resolve_runtime
+from pipeline.core.timer import median_times
 from pipeline.files.schema import PRECISIONS
-from pipeline.methods.bench import SHAPES, median_times
+from pipeline.methods.bench import SHAPES
 
 CANDIDATES = (1, 4, 8, 16, 32, 64)
 # A multiple is chosen when its efficiency is within this of the best candidate's: a larger multiple costs accuracy
