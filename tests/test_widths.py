@@ -1,4 +1,4 @@
-"""Hardware-aware widths (pipeline/methods/widths.py, its command pipeline/studies/widths.py, budgeted.search's
+"""Hardware-aware widths (pipeline/methods/widths.py, its command pipeline/studies/widths.py, budgeted_search.search's
 neuron blocks): the budget search keeps each layer's FFN neurons in whole blocks of the measured multiple, within the
 same budget."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.methods.budgeted import UnitCosts, neuron_blocks, search
+from pipeline.methods.budgeted_costs import UnitCosts
+from pipeline.methods.budgeted_search import neuron_blocks, search
 from pipeline.methods.widths import CANDIDATES, probe_width_multiple, smallest_near_best
 from pipeline.studies.widths import main
 

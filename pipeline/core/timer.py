@@ -10,7 +10,7 @@ interval for the median ratio (it misses the median with probability 2 / 2**n: 9
 ranges do not overlap differ by more than the machine's noise. `peak_allocated_mib` measures one call's peak memory.
 
 Nothing here knows about models: the benchmarks (pipeline/methods/bench.py, pipeline/methods/llm_bench.py), the
-latency budget (pipeline/methods/budgeted.py) and the width probe (pipeline/methods/widths.py) hand it
+latency budget (pipeline/methods/budgeted_costs.py) and the width probe (pipeline/methods/widths.py) hand it
 callables.
 """
 

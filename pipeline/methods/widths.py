@@ -7,7 +7,7 @@ slower per neuron than one cut to a width that is. Measured here (2 AMD EPYC cor
 while 256, 512 and 1,024 took 0.96-1.03x.
 
 `probe_width_multiple` times FFNs of many widths on this device, each rounded up to every candidate multiple, and
-picks the smallest multiple that runs as well as the best; `pipeline.methods.budgeted.search` then keeps each
+picks the smallest multiple that runs as well as the best; `pipeline.methods.budgeted_search.search` then keeps each
 layer's neurons in blocks of that many. Heads need no rounding: a head is `head_dim` columns (32 or 64 in every
 supported family), already a whole tile.
 
