@@ -1,5 +1,6 @@
-"""Specification of budgeted pruning (Kwon et al., 2022) on tiny random models: Fisher gradients, unit costs,
-the budgeted search, the greedy rearrangement, least-squares tuning, and the whole method."""
+"""Specification of budgeted pruning (Kwon et al., 2022; pipeline/methods/budgeted*.py) on tiny random models:
+Fisher gradients, unit costs, the budgeted search, the greedy rearrangement, least-squares tuning, and the whole
+method."""
 
 from __future__ import annotations
 
@@ -15,27 +16,23 @@ from pipeline.core.importance import PAPER_CHOICE, HeadChoice, per_example_loss
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import BUDGETED, BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED
-from pipeline.methods.budgeted import (
+from pipeline.methods.budgeted import budgeted_prune, pruned_model
+from pipeline.methods.budgeted_costs import UnitCosts, flop_costs, latency_costs, latency_table
+from pipeline.methods.budgeted_search import (
     SWITCH_SIGNIFICANCE,
     BudgetError,
     Candidate,
     Selection,
-    UnitCosts,
-    budgeted_prune,
     calibration_loss,
     calibration_losses,
-    flop_costs,
     gate_gradients,
     held_out_choice,
-    latency_costs,
-    latency_table,
     per_layer_normalised,
-    pruned_model,
     rearrange,
     rearrange_site,
     search,
-    tune,
 )
+from pipeline.methods.budgeted_tuning import tune
 from pipeline.methods.comparison import paper_plan_at_cost
 from pipeline.methods.pruning import pruned_copy
 from tests.tiny_models import SEQ2SEQ, tiny_batch, tiny_model

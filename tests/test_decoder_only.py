@@ -30,7 +30,7 @@ from pipeline.core.importance import (
 from pipeline.core.sites import attention_sites, family_of, ffn_sites, is_decoder_only, layer_stack, pre_norms
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import PRUNING_FILE
-from pipeline.methods.budgeted import gate_gradients
+from pipeline.methods.budgeted_search import gate_gradients
 from pipeline.methods.pruning import reestimated_plans
 from tests.tiny_models import (
     GQA,
@@ -96,8 +96,8 @@ def added_to_the_residual(model, layer: int) -> tuple[torch.nn.Module, torch.nn.
 
 @pytest.mark.parametrize("family", LM_FAMILIES)
 def test_pre_norms_read_the_residual_stream_that_each_sublayer_adds_its_output_to(family):
-    # What budgeted tuning relies on (pipeline.methods.budgeted.tune): layer input + attention's contribution is the
-    # FFN pre-norm's input, and that + the FFN's contribution is the next layer's input.
+    # What budgeted tuning relies on (pipeline.methods.budgeted_tuning.tune): layer input + attention's contribution
+    # is the FFN pre-norm's input, and that + the FFN's contribution is the next layer's input.
     model, batch = lm(family), tiny_batch(family)
     seen: dict[torch.nn.Module, torch.Tensor] = {}
     watched = [m for i, norms in enumerate(pre_norms(model)) for m in (*norms, *added_to_the_residual(model, i))]

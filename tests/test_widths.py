@@ -1,13 +1,16 @@
-"""Hardware-aware widths (pipeline/methods/widths.py, budgeted.search's neuron blocks): the budget search keeps
-each layer's FFN neurons in whole blocks of the measured multiple, within the same budget."""
+"""Hardware-aware widths (pipeline/methods/widths.py, its command pipeline/studies/widths.py, budgeted_search.search's
+neuron blocks): the budget search keeps each layer's FFN neurons in whole blocks of the measured multiple, within the
+same budget."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pipeline.methods.budgeted import UnitCosts, neuron_blocks, search
-from pipeline.methods.widths import CANDIDATES, main, probe_width_multiple, smallest_near_best
+from pipeline.methods.budgeted_costs import UnitCosts
+from pipeline.methods.budgeted_search import neuron_blocks, search
+from pipeline.methods.widths import CANDIDATES, probe_width_multiple, smallest_near_best
+from pipeline.studies.widths import main
 
 
 def costs(heads: list[int], neurons: list[int]) -> UnitCosts:

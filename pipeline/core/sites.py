@@ -296,7 +296,7 @@ class Family:
     pre_norms: Callable[[nn.Module], Iterator[tuple[nn.Module, nn.Module]]] | None = None
     # True when each sublayer's output also passes through a norm of its own before it is added to the residual
     # (Gemma 3's post_attention_layernorm and post_feedforward_layernorm): the residual stream then changes by a
-    # nonlinear function of the output projection's output, which `pipeline.methods.budgeted.tune` must know.
+    # nonlinear function of the output projection's output, which `pipeline.methods.budgeted_tuning.tune` must know.
     normed_outputs: bool = False
 
 

@@ -230,7 +230,7 @@ TABLE_COLUMNS = {
     TRAINING_LOSS_TABLE: ["step", "loss"],
     # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
     # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles;
-    # speedup_min, speedup_max: its range, the confidence interval for the median (pipeline/methods/bench.py).
+    # speedup_min, speedup_max: its range, the confidence interval for the median (pipeline/core/timer.py).
     # Encoders' rows also have floor_share and amdahl_speedup, as the budgeted table (translation's decoding has none).
     BENCHMARK_TABLE: ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
                       "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "device", "precision"],

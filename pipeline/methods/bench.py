@@ -1,14 +1,12 @@
-"""Throughput of unpruned vs physically pruned encoders, beside the ideal speedup from FLOPs.
+"""Throughput of unpruned vs physically pruned encoders, beside the ideal speedup from FLOPs: the benchmark stage's
+measure, and on random weights (`random_encoder`, `throughput_table`) the study `python -m pipeline.studies.bench`.
 
-    python -m pipeline.methods.bench                      # BERT-base and MiniLM-L6 shapes, sdpa and eager
-    python -m pipeline.methods.bench --shapes minilm-l6 --batch-sizes 1 16 --repeats 7 --csv bench.csv
-
-Random weights are enough for speed. The models of one shape and batch size take turns for `--repeats` rounds
+Random weights are enough for speed. The models of one shape and batch size take turns for `repeats` rounds
 after a warm-up, and the batch sizes take turns too, so each one's rounds span the whole measurement
-(`spread_times`). In its turn each model is called back to back until its calls have lasted `--turn-seconds`, as
-a model serving one batch after another runs, and the round keeps the median of its calls: a cheap call (batch 1)
-is then timed many times, so the odd slow call (the first after another model's, or one the machine interrupts)
-does not decide a round.
+(`spread_times`, pipeline/core/timer.py). In its turn each model is called back to back until its calls have
+lasted `turn_seconds`, as a model serving one batch after another runs, and the round keeps the median of its
+calls: a cheap call (batch 1) is then timed many times, so the odd slow call (the first after another model's, or
+one the machine interrupts) does not decide a round.
 A speedup is the median of the rounds' ratios to the unpruned model's time in the same round, with its
 interquartile range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`). The range of n
 rounds is a distribution-free confidence interval for the median ratio (it misses the median with probability
@@ -20,31 +18,24 @@ timed beside the others it gives each model its Amdahl estimate (`amdahl_speedup
 stayed and the rest shrank exactly with the FLOPs. It is an estimate, not a bound: the rest need not shrink as the
 FLOPs say, and at batch 1 on the 2-core CPU the models that prune heads only beat it (README, "What no pruning
 removes", gives each run's figures).
-The scoring-cost line compares one importance pass (forward + backward to the gates) over a data set with a forward
-pass over the same data.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import math
 import statistics
-import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 import transformers
 from torch import nn
 
 from pipeline.core.flops import forward_flops, parameter_count
-from pipeline.core.importance import head_importance
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.core.timer import peak_allocated_mib, ratio_columns, speedup_ratio, spread_times
 
 SHAPES = {
     "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
@@ -55,118 +46,6 @@ SHAPES = {
 }
 
 
-# A turn's calls of one function stop here even when `turn_seconds` asks for more (calls of microseconds).
-MAX_CALLS_PER_TURN = 50
-
-
-def spread_times(groups: Mapping[Hashable, Mapping[Hashable, Callable[[], object]]], rounds: int,
-                 runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0
-                 ) -> dict[Hashable, dict[Hashable, list[float]]]:
-    """The seconds of each function of each group, one figure per round for `rounds` rounds, under the runtime's
-    autocast, after a warm-up. A group is what one ratio compares (the models, at one batch size). Every round gives
-    each group a turn, and within it each of the group's functions a turn of its own: `calls_per_turn` calls back
-    to back, of which the round keeps the median. Both the groups and the functions within a group's turn start one
-    later each round (A B C, B C A, ...).
-
-    So the figures a ratio pairs are a fraction of a second apart, and load from elsewhere on a shared machine,
-    which comes and goes over seconds, falls on both alike. Back to back, a model is timed as it runs when it
-    serves one batch after another (and as the paper's Table 4 timed it, over a data set): warm, with as much of
-    its own weights in the caches as they hold. The first call of its turn, after another function's, is the one
-    the median leaves out. (Alternating single calls of the models instead timed every call just after another
-    model's: at batch 1 on the 2-core CPU that put the floor model at 16% of the unpruned model's time against 13-14%
-    back to back, and cost the 40% budgeted model 1-5% of its speedup, a cost no model pays in use.) Each group's
-    rounds are spread over the whole measurement, not bunched into the few seconds that its own calls take: their
-    spread then holds the drift of the machine over the run's minutes, which is what a second run of the same
-    measurement meets. With `turn_seconds` 0 every function is called once a turn.
-
-    CUDA runs asynchronously: the device is synchronised before each timer starts and before it stops, so a
-    call is timed from an idle GPU to the end of its own kernels (on the CPU synchronising is a no-op).
-    """
-    # A caller that passes no runtime (the budgeted latency table) may still time CUDA models: synchronise then too.
-    sync = runtime.synchronize if runtime.is_cuda or not torch.cuda.is_initialized() else torch.cuda.synchronize
-
-    def timed(fn: Callable[[], object]) -> float:
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        return time.perf_counter() - start
-
-    names = list(groups)
-    times = {name: {key: [] for key in groups[name]} for name in names}
-    calls = {}
-    with runtime.autocast():
-        for name, fns in groups.items():
-            # warm-up: allocator, kernel selection (oneDNN primitives per shape; cuBLAS heuristics)
-            seconds = [timed(fn) for fn in fns.values()]
-            if turn_seconds > 0 and max(seconds) < turn_seconds:  # cheap calls: time them warm to size the turn
-                seconds = [timed(fn) for fn in fns.values()]
-            calls[name] = calls_per_turn(max(seconds), turn_seconds)
-        for round_ in range(rounds):
-            for name in _turns(names, round_):
-                fns = groups[name]
-                for key in _turns(list(fns), round_):
-                    times[name][key].append(statistics.median([timed(fns[key]) for _ in range(calls[name])]))
-    return times
-
-
-def calls_per_turn(seconds: float, turn_seconds: float) -> int:
-    """How many calls of `seconds` each fill a turn of `turn_seconds` (at least one, at most
-    `MAX_CALLS_PER_TURN`)."""
-    if turn_seconds <= 0 or seconds >= turn_seconds:
-        return 1
-    return min(MAX_CALLS_PER_TURN, math.ceil(turn_seconds / max(seconds, 1e-9)))
-
-
-def _turns(keys: list, round_: int) -> list:
-    """`keys` in turn, starting one later each round."""
-    return keys[round_ % len(keys):] + keys[:round_ % len(keys)]
-
-
-def interleaved_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
-                      runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0) -> dict[Hashable, list[float]]:
-    """`spread_times` of one group: the seconds of each of `fns`, one figure per round, taking turns."""
-    return spread_times({None: fns}, rounds, runtime, turn_seconds)[None]
-
-
-def median_times(fns: Mapping[Hashable, Callable[[], object]], rounds: int,
-                 runtime: Runtime = CPU_FP32, turn_seconds: float = 0.0) -> dict[Hashable, float]:
-    """The median of each one's `interleaved_times`."""
-    return {key: statistics.median(seconds)
-            for key, seconds in interleaved_times(fns, rounds, runtime, turn_seconds).items()}
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """A speedup measured round by round: the median of the rounds' ratios, their interquartile range (how the
-    rounds spread) and their range (the confidence interval for the median that two runs are compared by)."""
-
-    median: float
-    q1: float
-    q3: float
-    min: float
-    max: float
-
-
-def speedup_ratio(reference: Sequence[float], seconds: Sequence[float]) -> Ratio:
-    """How many times faster than `reference` a model ran, from the two's seconds in the same rounds: each
-    round's ratio pairs two calls made a moment apart, so drift between rounds cancels out of it."""
-    ratios = np.asarray(reference, dtype=float) / np.asarray(seconds, dtype=float)
-    low, q1, median, q3, high = np.quantile(ratios, [0.0, 0.25, 0.5, 0.75, 1.0])
-    return Ratio(float(median), float(q1), float(q3), float(low), float(high))
-
-
-# The speedup columns `ratio_columns` writes, in order.
-SPEEDUP_SPREAD = ("speedup", "speedup_q1", "speedup_q3", "speedup_min", "speedup_max")
-
-
-def ratio_columns(ratio: Ratio, prefix: str = "speedup") -> dict[str, float]:
-    """The speedup columns of a benchmark row: the median ratio, its interquartile range and its range over the
-    rounds."""
-    return {prefix: ratio.median, f"{prefix}_q1": ratio.q1, f"{prefix}_q3": ratio.q3,
-            f"{prefix}_min": ratio.min, f"{prefix}_max": ratio.max}
-
-
 def on_device(inputs: Mapping[str, torch.Tensor], runtime: Runtime) -> dict[str, torch.Tensor]:
     return {k: v.to(runtime.device) for k, v in inputs.items()}
 
@@ -174,30 +53,6 @@ def on_device(inputs: Mapping[str, torch.Tensor], runtime: Runtime) -> dict[str,
 def runtime_columns(runtime: Runtime) -> dict[str, str]:
     """The `device` and `precision` columns of every benchmark row (pipeline/files/schema.py)."""
     return {"device": runtime.device_name, "precision": runtime.precision}
-
-
-def peak_allocated_mib(fn: Callable[[], object], runtime: Runtime = CPU_FP32) -> float:
-    """The peak of memory allocated during one call of `fn` under the runtime's autocast, above what was allocated
-    before it, in MiB.
-
-    On a GPU it is `torch.cuda.max_memory_allocated` during the call, less what was allocated before it. On the CPU
-    the profiler records every allocation and free of torch's CPU allocator in order; summing them gives the live
-    bytes over time. Unlike the process's resident set (~500 MiB of framework, and allocator noise between runs),
-    this is exact and the same on every run.
-    """
-    if runtime.is_cuda:
-        with runtime.autocast(), runtime.peak_memory() as memory:
-            fn()
-        return memory["peak_mib"]
-    cpu = [torch.profiler.ProfilerActivity.CPU]
-    with runtime.autocast(), torch.profiler.profile(activities=cpu, profile_memory=True) as prof:
-        fn()
-    live = peak = 0
-    allocations = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    for event in sorted(allocations, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak / 2**20
 
 
 def weights_mib(model: nn.Module) -> float:
@@ -385,65 +240,3 @@ def _row_line(row: dict) -> str:
             f"pruned {row['fraction_pruned']:.0%}: {row['examples_per_s']:8.1f} ex/s  "
             f"speedup {row['speedup']:.3f} [{row['speedup_min']:.3f}, {row['speedup_max']:.3f}] "
             f"(ideal {row['ideal_speedup']:.3f})")
-
-
-def scoring_cost(shape: str, batch_size: int, batches: int, seq_len: int, repeats: int) -> dict:
-    """Seconds for importance scoring vs a forward pass over the same `batches` batches."""
-    model = random_encoder(shape, "sdpa")
-    data = []
-    for i in range(batches):
-        inputs = random_inputs(model, batch_size, seq_len, seed=i)
-        inputs["labels"] = torch.randint(0, 2, (batch_size,), generator=torch.Generator().manual_seed(i))
-        data.append(inputs)
-
-    def forward_pass() -> None:
-        with torch.inference_mode():
-            for batch in data:
-                model(**batch)
-
-    seconds = interleaved_times({"forward": forward_pass,
-                                 "scoring": lambda: head_importance(model, data, progress=False)}, repeats)
-    return dict(shape=shape, examples=batch_size * batches, forward_s=statistics.median(seconds["forward"]),
-                scoring_s=statistics.median(seconds["scoring"]),
-                ratio=speedup_ratio(seconds["scoring"], seconds["forward"]).median)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["bert-base", "minilm-l6"], choices=list(SHAPES))
-    parser.add_argument("--fractions", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75])
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4, 16, 64])
-    parser.add_argument("--attn", nargs="+", default=["sdpa", "eager"], choices=["sdpa", "eager"])
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=7, help="rounds, after a warm-up")
-    parser.add_argument("--turn-seconds", type=float, default=0.2,
-                        help="each model's calls in a turn last at least this long (0: one call a turn)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--csv", default=None, help="also write the throughput table here")
-    args = parser.parse_args(argv)
-    fractions = sorted(set(args.fractions) | {0.0})
-    if not all(0.0 <= f < 1.0 for f in fractions):
-        parser.error(f"--fractions must lie in [0, 1), got {args.fractions}")
-    if args.repeats < 1 or args.turn_seconds < 0:
-        parser.error(f"--repeats must be at least 1 and --turn-seconds at least 0, got {args.repeats} and "
-                     f"{args.turn_seconds}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, seq_len {args.seq_len}, "
-          f"median of {args.repeats} interleaved rounds of {args.turn_seconds:g}-s turns [range]", flush=True)
-
-    table = throughput_table(args.shapes, fractions, args.batch_sizes, args.attn, args.seq_len, args.repeats,
-                             turn_seconds=args.turn_seconds)
-    if args.csv:
-        table.to_csv(args.csv, index=False)
-    pivot = table.pivot_table(index=["shape", "attn_implementation", "batch_size"], columns="fraction_pruned",
-                              values=["examples_per_s", "speedup", "speedup_min", "speedup_max", "ideal_speedup"])
-    print("\n" + pivot.round(3).to_string())
-
-    cost = scoring_cost(args.shapes[-1], batch_size=16, batches=4, seq_len=args.seq_len, repeats=args.repeats)
-    print(f"\nscoring cost ({cost['shape']}, {cost['examples']} examples): forward {cost['forward_s']:.2f} s, "
-          f"importance {cost['scoring_s']:.2f} s, ratio {cost['ratio']:.2f}x")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,13 +1,11 @@
-"""Speed and memory of decoder-only language models, unpruned vs physically pruned, beside the ideal speedups.
-
-    python -m pipeline.methods.llm_bench                  # a small random Llama, unpruned vs half its KV groups
-    python -m pipeline.methods.llm_bench --batch-sizes 1 8 32 --new-tokens 32 --repeats 5 --csv llm_bench.csv
+"""Speed and memory of decoder-only language models, unpruned vs physically pruned, beside the ideal speedups: the
+benchmark stage's measure, and on a small random Llama the study `python -m pipeline.studies.llm_bench`.
 
 Two phases, each timed on its own for `repeats` rounds after a warm-up: the models take turns within each
 round (each called back to back until its calls have lasted `turn_seconds`; the round keeps their median), and
 the phases and batch sizes take turns too, so each one's rounds span the whole run
-(`pipeline.methods.bench.spread_times`). A speedup is the median of the rounds' ratios, with its interquartile
-range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`, `pipeline.methods.bench.Ratio`):
+(`pipeline.core.timer.spread_times`). A speedup is the median of the rounds' ratios, with its interquartile
+range (`speedup_q1`, `speedup_q3`) and its range (`speedup_min`, `speedup_max`, `pipeline.core.timer.Ratio`):
 - prefill: one forward pass over a prompt batch that builds the KV cache (and the last position's logits, as
   `generate` computes them), in prompt tokens/s;
 - decode: `new_tokens` greedy steps, each one token per sequence reading and extending that cache, in generated
@@ -20,7 +18,6 @@ what decoding reads from memory besides the weights, and what bounds the batch a
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,17 +32,8 @@ from pipeline.core.importance import HeadChoice
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
-from pipeline.files.schema import UNPRUNED_MODEL, kv_groups_label
-from pipeline.methods.bench import (
-    on_device,
-    peak_allocated_mib,
-    random_inputs,
-    ratio_columns,
-    runtime_columns,
-    speedup_ratio,
-    spread_times,
-    weights_mib,
-)
+from pipeline.core.timer import peak_allocated_mib, ratio_columns, speedup_ratio, spread_times
+from pipeline.methods.bench import on_device, random_inputs, runtime_columns, weights_mib
 
 PREFILL, DECODE = "prefill", "decode"
 # The table's columns (and the device/precision of `runtime_columns`).
@@ -54,11 +42,6 @@ PROMPT_TOKENS, NEW_TOKENS = "prompt_tokens", "new_tokens"
 TOKENS_PER_S, SPEEDUP = "tokens_per_s", "speedup"
 IDEAL_SPEEDUP_FLOPS, IDEAL_SPEEDUP_KV = "ideal_speedup_flops", "ideal_speedup_kv"
 KV_BYTES_PER_TOKEN, PEAK_MEMORY_MB, PARAMS = "kv_bytes_per_token", "peak_memory_mb", "params"
-
-# A small Llama for the command line: grouped-query attention (8 query heads on 2 key/value heads), random weights.
-SMALL_LLAMA = dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
-                   intermediate_size=688, vocab_size=2000, max_position_embeddings=512)
-
 
 def kv_cache_bytes(cache: transformers.Cache) -> int:
     """Bytes of every key and value tensor a cache holds, as measured from the tensors themselves.
@@ -195,12 +178,6 @@ def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], p
     return pd.DataFrame(rows)
 
 
-def random_llama(seed: int = 0, **overrides) -> nn.Module:
-    config = transformers.LlamaConfig(**(SMALL_LLAMA | overrides))
-    torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
-
-
 def without_kv_groups(model: nn.Module, fraction: float, seed: int = 0) -> nn.Module:
     """`model` with `fraction` of every layer's key/value groups removed, each with its query heads (whole groups,
     the same number per layer). Random weights make all groups alike, so a seeded random order chooses them."""
@@ -208,39 +185,3 @@ def without_kv_groups(model: nn.Module, fraction: float, seed: int = 0) -> nn.Mo
     choice = HeadChoice("group", uniform=True)
     count = round(fraction * sum(site.num_heads for site in sites))
     return prune_heads(model, choice.select(choice.random(sites, seed), sites, count))
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fraction", type=float, default=0.5, help="of the key/value groups removed")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
-    parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=7, help="rounds, after a warm-up")
-    parser.add_argument("--turn-seconds", type=float, default=0.2,
-                        help="each model's calls in a turn last at least this long (0: one call a turn)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--csv", default=None, help="also write the table here")
-    args = parser.parse_args(argv)
-    if args.repeats < 1 or args.turn_seconds < 0:
-        parser.error(f"--repeats must be at least 1 and --turn-seconds at least 0, got {args.repeats} and "
-                     f"{args.turn_seconds}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    models = {UNPRUNED_MODEL: random_llama(),
-              kv_groups_label(args.fraction): without_kv_groups(random_llama(), args.fraction)}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, prompt {args.prompt_tokens} tokens, "
-          f"{args.new_tokens} new, median of {args.repeats} interleaved rounds", flush=True)
-    table = llm_benchmark(models, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.repeats,
-                          turn_seconds=args.turn_seconds)
-    if args.csv:
-        table.to_csv(args.csv, index=False)
-    table["of_ideal_flops"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_FLOPS]
-    table["of_ideal_kv"] = table[SPEEDUP] / table[IDEAL_SPEEDUP_KV]
-    shown = [MODEL, PHASE, BATCH_SIZE, TOKENS_PER_S, SPEEDUP, f"{SPEEDUP}_min", f"{SPEEDUP}_max", IDEAL_SPEEDUP_FLOPS,
-             "of_ideal_flops", IDEAL_SPEEDUP_KV, "of_ideal_kv", KV_BYTES_PER_TOKEN, PEAK_MEMORY_MB]
-    print(table.sort_values([PHASE, BATCH_SIZE], kind="stable")[shown].round(3).to_string(index=False))
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.files.schema import ROUNDED_WIDTHS, SEARCHED_WIDTHS
-from pipeline.methods.bench import SPEEDUP_SPREAD
+from pipeline.core.timer import SPEEDUP_SPREAD
 
 
 def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: int) -> dict:

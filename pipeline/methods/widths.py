@@ -7,17 +7,16 @@ slower per neuron than one cut to a width that is. Measured here (2 AMD EPYC cor
 while 256, 512 and 1,024 took 0.96-1.03x.
 
 `probe_width_multiple` times FFNs of many widths on this device, each rounded up to every candidate multiple, and
-picks the smallest multiple that runs as well as the best; `pipeline.methods.budgeted.search` then keeps each
+picks the smallest multiple that runs as well as the best; `pipeline.methods.budgeted_search.search` then keeps each
 layer's neurons in blocks of that many. Heads need no rounding: a head is `head_dim` columns (32 or 64 in every
 supported family), already a whole tile.
 
-`python -m pipeline.methods.widths --device cuda --precision bf16` runs the probe on its own and prints the
+`python -m pipeline.studies.widths --device cuda --precision bf16` runs the probe on its own and prints the
 integer to pin as `prune.budgeted.width_multiple`, so that the pruned widths do not depend on one run's timings.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,9 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeline.core.runtime import RuntimeUnavailable, resolve_runtime
-from pipeline.files.schema import PRECISIONS
-from pipeline.methods.bench import SHAPES, median_times
+from pipeline.core.timer import median_times
 
 CANDIDATES = (1, 4, 8, 16, 32, 64)
 # A multiple is chosen when its efficiency is within this of the best candidate's: a larger multiple costs accuracy
@@ -76,32 +73,3 @@ def smallest_near_best(efficiency: dict[int, float], tolerance: float = TOLERANC
     """The smallest multiple whose efficiency is within `tolerance` of the best one's."""
     best = max(efficiency.values())
     return min(m for m, e in efficiency.items() if e >= best - tolerance)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="minilm-l6", choices=[s for s in SHAPES if s != "tiny"])
-    parser.add_argument("--tokens", nargs="+", type=int, default=[128, 512, 2048, 8192],
-                        help="tokens per FFN call: the benchmark's batch sizes times its sequence length")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--precision", default="fp32", choices=PRECISIONS)
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of every width, after a warm-up")
-    args = parser.parse_args(argv)
-    if min(args.tokens) < 1 or args.rounds < 1:
-        parser.error(f"--tokens and --rounds must be at least 1, got {args.tokens} and {args.rounds}")
-    try:
-        runtime = resolve_runtime(args.device, args.precision)
-    except RuntimeUnavailable as error:
-        parser.error(str(error).replace("runtime.device", "--device").replace("runtime.precision", "--precision"))
-    shape = SHAPES[args.shape]
-    with runtime.autocast():
-        probe = probe_width_multiple(shape["hidden_size"], shape["intermediate_size"], args.tokens, runtime.device)
-    print(f"{args.shape} FFN ({shape['hidden_size']} -> {shape['intermediate_size']}) on {runtime.device_name}, "
-          f"{args.precision}, tokens {args.tokens}: efficiency (FLOP share of the full FFN's time / time taken)")
-    for multiple, efficiency in probe.efficiency.items():
-        print(f"  multiple {multiple:>3}: {efficiency:.3f}{'  <- chosen' if multiple == probe.multiple else ''}")
-    print(f"prune.budgeted.width_multiple: {probe.multiple}")
-
-
-if __name__ == "__main__":
-    main()

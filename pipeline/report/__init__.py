@@ -8,5 +8,6 @@
     build.py            `build_report`: the sections in order, written to the report folder
     plots_template.py   the offline HTML template of `dvc plots` (standalone)
 
-Nothing is imported here, so the plots template runs without matplotlib: import `pipeline.report.build`.
+Nothing is imported here, so the plots template runs without matplotlib: import `pipeline.report.build`. The
+command lines that render either by hand are `pipeline.studies.report` and `pipeline.studies.plots_template`.
 """

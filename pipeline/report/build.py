@@ -3,14 +3,13 @@
 The inputs are the tables the stages wrote to the report folder (`inputs`); each section (`sections`) adds
 what its inputs support to one document (`document`), which is written twice, as Markdown and as HTML.
 
-CLI:  python -m pipeline.report.build <report_dir> [--title "..."]
+By hand:  python -m pipeline.studies.report <report_dir> [--title "..."]
 
 Nothing here imports torch or transformers: the report stage starts in about 3 s, not 12.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from pipeline.files.atomic import write_bytes
@@ -46,15 +45,3 @@ def build_report(report_dir: Path, title: str | None = None) -> Path:
     html_path = report_dir / "report.html"
     write_bytes(html_path, to_html(doc, title).encode("utf-8"))
     return html_path
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Render report.md / report.html from experiment outputs.")
-    parser.add_argument("report_dir", type=Path)
-    parser.add_argument("--title", help="default: after the model and data that finetune.json names")
-    args = parser.parse_args()
-    print(build_report(args.report_dir, args.title))
-
-
-if __name__ == "__main__":
-    main()

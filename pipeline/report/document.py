@@ -145,7 +145,7 @@ SPREAD_IN_BRACKETS = "the range of the rounds' ratios in brackets (a confidence 
 
 def with_spread(frame: pd.DataFrame, column: str = "speedup", digits: int = 2) -> pd.Series:
     """Each row's median ratio with its range over the benchmark's rounds (the confidence interval for the median
-    that two runs are compared by, pipeline/methods/bench.py), "1.23 [1.18, 1.29]"."""
+    that two runs are compared by, pipeline/core/timer.py), "1.23 [1.18, 1.29]"."""
     return pd.Series([f"{num(m, digits)} [{num(lo, digits)}, {num(hi, digits)}]" for m, lo, hi in
                       zip(frame[column], frame[f"{column}_min"], frame[f"{column}_max"], strict=True)],
                      index=frame.index)

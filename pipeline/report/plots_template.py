@@ -17,13 +17,12 @@ A path that does not exist is taken by DVC as the template text itself, which fa
 has to contain '{plot_divs}'": check the path (in .dvc/config it is relative to the .dvc/ folder).
 
 Regenerate (needs `npm` for `npm pack`, or tarballs already downloaded into --tarballs DIR):
-    python -m pipeline.report.plots_template [--out reports/plots_template.html] [--tarballs DIR]
+    python -m pipeline.studies.plots_template [--out reports/plots_template.html] [--tarballs DIR]
 Every tarball is checked against the npm `integrity` (sha512) recorded in PACKAGES before use.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import os
@@ -161,16 +160,3 @@ def write_template(out: Path = DEFAULT_OUT, tarball_dir: Path | None = None) -> 
     tmp_out.write_text(html, encoding="utf-8")
     os.replace(tmp_out, out)  # atomic: a killed run never leaves a half-written template
     return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--tarballs", type=Path, default=None, help="directory with already packed .tgz files")
-    args = parser.parse_args()
-    out = write_template(args.out, args.tarballs)
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)")
-
-
-if __name__ == "__main__":
-    main()
