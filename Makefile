@@ -8,7 +8,7 @@ TORCH_CPU ?= torch==2.13.0
 # fairseq 0.12.2 does not import on Python 3.11; this maintained fork does (pipeline/tasks/translation/fairseq.py).
 FAIRSEQ ?= fairseq-fixed==0.12.3.1
 
-.PHONY: setup test test-fast repro repro-tasks repro-mt repro-llm lint gpu-check
+.PHONY: setup test test-fast repro repro-tasks repro-mt repro-llm lint dvc-deps gpu-check
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,10 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# Rewrites each stage's code deps in the four dvc.yaml files from the imports it runs (after an import changes).
+dvc-deps: setup
+	$(PY) -m pipeline.checks.dvc_deps
 
 # `python -m pipeline.checks` first: every problem with the params, model and data, in a second or two.
 repro: setup

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.files.schema import ROUNDED_WIDTHS, SEARCHED_WIDTHS
 from pipeline.core.timer import SPEEDUP_SPREAD
+from pipeline.files.schema import ROUNDED_WIDTHS, SEARCHED_WIDTHS
 
 
 def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: int) -> dict:
