@@ -55,13 +55,13 @@ repro-tasks: setup
 	  for stage in $(TASK_STAGES); do $(PY) -m stages.$$stage --params $$f; done; \
 	done
 
-# The machine-translation experiment (mt/dvc.yaml, mt/params.yaml): 25 to 40 minutes on 2 CPU cores (README).
+# The machine-translation experiment (mt/dvc.yaml, mt/params.yaml): 25 to 40 minutes on 2 CPU cores (docs/translation.md).
 repro-mt: setup
 	$(PY) -m pipeline.checks --params mt/params.yaml
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro mt/dvc.yaml
 
 # The language-modelling experiment (llm/dvc.yaml, llm/params.yaml): SmolLM2-135M-Instruct, offline from a pinned
-# wheel, pruned and read by WikiText-2 perplexity, lm-eval zero-shot accuracy and greedy completions (README).
+# wheel, pruned and read by WikiText-2 perplexity, lm-eval zero-shot accuracy and greedy completions (docs/language-modeling.md).
 repro-llm: setup
 	$(PY) -m pipeline.checks --params llm/params.yaml
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro llm/dvc.yaml
