@@ -1,6 +1,7 @@
-"""Recovery fine-tuning of pruned language models: LoRA adapters (pipeline/tasks/language_modeling/lora.py) trained by the one training
-loop and merged back, and full fine-tuning through the same loop (pipeline/tasks/language_modeling/training.py). Models are tiny random
-decoder-only models built from configs, pruned unequally per layer (one layer emptied)."""
+"""Recovery fine-tuning of pruned language models: LoRA adapters (pipeline/tasks/language_modeling/lora.py)
+trained by the one training loop and merged back, and full fine-tuning through the same loop
+(pipeline/tasks/language_modeling/training.py). Models are tiny random decoder-only models built from configs,
+pruned unequally per layer (one layer emptied)."""
 
 from __future__ import annotations
 

@@ -376,8 +376,8 @@ def test_bleu_of_identical_text_is_100_with_a_signature():
 
 def test_sacrebleu_is_loaded_only_when_bleu_is_scored():
     """Every stage imports the experiment, and with it this module; a classification stage skips sacrebleu's 0.6 s."""
-    probe = ("import sys, pipeline.run.experiment, pipeline.tasks.translation.bleu as b; print('sacrebleu' in sys.modules); "
-             "b.bleu(['a cat'], ['a cat']); print('sacrebleu' in sys.modules)")
+    probe = ("import sys, pipeline.run.experiment, pipeline.tasks.translation.bleu as b; "
+             "print('sacrebleu' in sys.modules); b.bleu(['a cat'], ['a cat']); print('sacrebleu' in sys.modules)")
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.split() == ["False", "True"]
 

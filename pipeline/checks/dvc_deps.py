@@ -3,9 +3,10 @@
 A stage `python -m stages.<S> [--params FILE]` runs stages/<S>.py and every project module it imports, at module
 level or inside a function, transitively (`ImportGraph.closure`). It also runs code no import statement names: its
 task family's package P (pipeline/config/tasks.py, picked by the params' `task`), its entry modules (P.params,
-P.inputs, P.task) and, where the family has one, P.<S>, all imported by name at run time. Those files, and nothing else of `stages/` or `pipeline/`, are the
-stage's code deps, so an edit reruns exactly the stages that run the edited file (issue 44: with whole
-sub-packages as deps, a comment in one language-modelling module staled 20 of 23 stages).
+P.inputs, P.task) and, where the family has one, P.<S>, all imported by name at run time. Those files, and nothing
+else of `stages/` or `pipeline/`, are the stage's code deps, so an edit reruns exactly the stages that run the
+edited file (issue 44: with whole sub-packages as deps, a comment in one language-modelling module staled 20 of 23
+stages).
 
 Without `--check` it rewrites the code-dep entries of each stage's `deps:` in place (`make dvc-deps`), editing the
 text so every comment and all formatting stay; with `--check` it writes nothing and exits 1 with one line per
@@ -37,6 +38,19 @@ def _with_parents(module: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+def _run_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` but those under `if TYPE_CHECKING:` (imports for annotations only)."""
+    nodes, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
 class ImportGraph:
     """The project modules under `root` and the project modules each one's source imports.
 
@@ -57,7 +71,8 @@ class ImportGraph:
         return None
 
     def direct_imports(self, module: str) -> frozenset[str]:
-        """Project modules that `module`'s source imports anywhere: at module level, in functions, lazily."""
+        """Project modules that `module`'s source imports anywhere: at module level, in functions, lazily; not those
+        under `if TYPE_CHECKING:`, which only a type checker runs."""
         if module not in self._imports:
             self._imports[module] = self._parse_imports(module)
         return self._imports[module]
@@ -66,7 +81,7 @@ class ImportGraph:
         path = self.module_file(module)
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _run_nodes(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -74,7 +89,7 @@ class ImportGraph:
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*anchor, *([base] if base else [])])
-                # `from pipeline.backends import fairseq` imports the module pipeline.backends.fairseq.
+                # `from pipeline.tasks.translation import fairseq` imports the module ...translation.fairseq.
                 names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
             else:
                 continue

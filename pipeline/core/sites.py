@@ -369,8 +369,8 @@ FAMILIES: dict[str, Family] = {
     "mpnet": Family(_MPNET_LAYOUT, _mpnet, _encoder_stack("encoder.layer"), _bert_like_ffn),
     "marian": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks, _encoder_decoder_ffn),
     "bart": Family(_SEQ2SEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks, _encoder_decoder_ffn),
-    # fairseq's TransformerModel, wrapped by pipeline.tasks.translation.fairseq.FairseqSeq2Seq (which sets this model_type):
-    # its layers name their attention modules and FFN linears as Marian's and BART's do.
+    # fairseq's TransformerModel, wrapped by pipeline.tasks.translation.fairseq.FairseqSeq2Seq (which sets this
+    # model_type): its layers name their attention modules and FFN linears as Marian's and BART's do.
     "fairseq_transformer": Family(_FAIRSEQ_LAYOUT, _encoder_decoder, _encoder_decoder_stacks, _fairseq_ffn),
     # Decoder-only language models: one stack of decoder self-attention, grouped-query or multi-head.
     "llama": _gqa_family(),

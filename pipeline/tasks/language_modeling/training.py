@@ -3,8 +3,8 @@
 weigh more, as in every LM's pre-training).
 
 One loop (`train_language_model`) trains whatever parameters require grad: all of them for training from scratch
-and full fine-tuning, only the adapters' for LoRA (`pipeline.tasks.language_modeling.lora`), which `recover_language_model` wraps
-around the pruned model for the loop and merges back afterwards."""
+and full fine-tuning, only the adapters' for LoRA (`pipeline.tasks.language_modeling.lora`), which
+`recover_language_model` wraps around the pruned model for the loop and merges back afterwards."""
 
 from __future__ import annotations
 

@@ -175,7 +175,8 @@ def write_task_configs(dest: str | Path, samples: str | Path) -> list[Path]:
     dest, samples = Path(dest), Path(samples).resolve()
     dest.mkdir(parents=True, exist_ok=True)
     for task in ZERO_SHOT_TASKS:
-        header = f"# lm-eval task written by pipeline/tasks/language_modeling/zero_shot.py: items of {OFFLINE_TASKS[task.source].name}.\n"
+        header = (f"# lm-eval task written by pipeline/tasks/language_modeling/zero_shot.py: items of "
+                  f"{OFFLINE_TASKS[task.source].name}.\n")
         config = yaml.dump(task_config(task, samples / f"{task.name}.jsonl"), Dumper=_TaskDumper, sort_keys=False,
                            allow_unicode=True, width=120)
         (dest / f"{task.name}.yaml").write_text(header + config, encoding="utf-8")

@@ -467,8 +467,8 @@ def generate(model: FairseqSeq2Seq, sources: Sequence[torch.Tensor], beam: int =
 
 
 class FairseqTranslationEval:
-    """Scores a model by the corpus BLEU of its translations of one split: `pipeline.tasks.translation.decoding.TranslationEval`
-    for fairseq models (the `TaskEval` the ablation and pruning sweeps call, once per masked or pruned model).
+    """Scores a model by the corpus BLEU of its translations of one split: `TranslationEval` (decoding.py) for fairseq
+    models (the `TaskEval` the ablation and pruning sweeps call, once per masked or pruned model).
 
     `references` are detokenised text; `post_process` turns hypotheses into the same form.
     """
