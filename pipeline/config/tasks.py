@@ -7,6 +7,10 @@ no stage of another family, depends on a family's code. Adding a family is one p
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from types import ModuleType
+
 from pipeline.files.schema import CLASSIFICATION, LANGUAGE_MODELING, TRANSLATION
 
 # The modules of a family that any stage of its pipeline may import (`params` and `inputs` before torch loads, `task`
@@ -18,3 +22,10 @@ TASK_PACKAGES: dict[str, str] = {
     TRANSLATION: "pipeline.tasks.translation",
     LANGUAGE_MODELING: "pipeline.tasks.language_modeling",
 }
+
+
+def family_module(task: str, name: str) -> ModuleType | None:
+    """The module `name` of the family of `task` (e.g. its `params`, or its module for one stage), or None where
+    the family has none."""
+    module = f"{TASK_PACKAGES[task]}.{name}"
+    return importlib.import_module(module) if importlib.util.find_spec(module) is not None else None

@@ -3,13 +3,14 @@
 The inputs are the tables the stages wrote to the report folder (`inputs`); each section (`sections`) adds
 what its inputs support to one document (`document`), which is written twice, as Markdown and as HTML.
 
-By hand:  python -m pipeline.studies.report <report_dir> [--title "..."]
+By hand:  python -m pipeline.studies.report <report_dir> [--task TASK] [--title "..."]
 
 Nothing here imports torch or transformers: the report stage starts in about 3 s, not 12.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pipeline.files.atomic import write_bytes
@@ -18,9 +19,11 @@ from pipeline.report.inputs import Inputs
 from pipeline.report.sections import SECTIONS
 
 
-def build_report(report_dir: Path, title: str | None = None) -> Path:
+def build_report(report_dir: Path, title: str | None = None,
+                 family_sections: Sequence[Callable[[Doc, Inputs], None]] = ()) -> Path:
     """Render report.md, report.html (self-contained) and figures/*.png from the files in report_dir, titled
-    `title` or by default after the model and data that finetune.json names.
+    `title` or by default after the model and data that finetune.json names: the shared sections, then the task
+    family's own (`family_sections`, its `report` module's SECTIONS).
 
     Returns the path of report.html.
     """
@@ -28,7 +31,7 @@ def build_report(report_dir: Path, title: str | None = None) -> Path:
     inp = Inputs.load(report_dir)
     title = title or inp.title
     doc = Doc()
-    for section in SECTIONS:
+    for section in (*SECTIONS, *family_sections):
         section(doc, inp)
     if not doc.blocks:
         doc.p(f"No results found in {report_dir}.")

@@ -44,7 +44,6 @@ from pipeline.report.inputs import (
     sorted_by_precision,
     splits_in,
 )
-from pipeline.report.language_model import LANGUAGE_MODEL_SECTIONS
 from pipeline.report.paper import budgeted_sentences, compared_with_paper, llm_anchor_sentences, side_by_side, table4
 
 
@@ -469,5 +468,4 @@ SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (
     _recovery,
     _speed,
     _serving,
-    *LANGUAGE_MODEL_SECTIONS,
 )

@@ -16,7 +16,6 @@ this module imports no family.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import sys
@@ -32,7 +31,7 @@ import transformers
 from transformers import AutoTokenizer
 
 from pipeline.config.params import AnyParams, ParamsError, load_params
-from pipeline.config.tasks import TASK_PACKAGES
+from pipeline.config.tasks import family_module
 from pipeline.config.trace import traced
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
 from pipeline.files.artifacts import MissingArtifact, artifact_excepthook, reading
@@ -178,7 +177,7 @@ class Experiment:
     @cached_property
     def task(self) -> Task:
         """The experiment's task family (`task` of the params), found through the registry."""
-        return importlib.import_module(f"{TASK_PACKAGES[self.params.task]}.task").TASK(self)
+        return family_module(self.params.task, "task").TASK(self)
 
     def load(self, path: Path) -> torch.nn.Module:
         """A model folder written by `save` (or prepare's base model), on the runtime's device."""

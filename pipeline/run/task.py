@@ -15,7 +15,6 @@ then the files. Adding a family is one package and one registry entry (tests/tes
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from pipeline.config.tasks import family_module
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.data.evaluation import TaskEval
 from pipeline.files.artifacts import MissingArtifact
@@ -79,16 +79,12 @@ class Task:
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
 
-    @property
-    def package(self) -> str:
-        return type(self).__module__.rpartition(".")[0]  # pipeline.tasks.<family>, whose `task` module defines it
-
     def stage(self, name: str) -> ModuleType:
         """The family's module for what only stage `name` does (`pipeline/tasks/<family>/<name>.py`)."""
-        module = f"{self.package}.{name}"
-        if importlib.util.find_spec(module) is None:
+        module = family_module(self.name, name)
+        if module is None:
             raise UnknownStage(f"the {self.name} task has no {name} stage")
-        return importlib.import_module(module)
+        return module
 
     # --- models ------------------------------------------------------------------------------------
     def load(self, path: Path) -> nn.Module:

@@ -1,7 +1,8 @@
-"""The language-model sections beyond the paper: every head criterion in both grouped-query units side by side,
-zero-shot accuracy through lm-evaluation-harness, and greedy completions of fixed prompts, dense beside pruned.
+"""The report stage's sections of language modelling, after the shared ones (pipeline/report/sections.py): every head
+criterion in both grouped-query units side by side, zero-shot accuracy through lm-evaluation-harness, and greedy
+completions of fixed prompts, dense beside pruned. Each adds nothing when its table is missing.
 
-Each adds nothing when its table is missing (a classification or translation report)."""
+Light on purpose (pandas and the report layer, no torch): the report stage imports it by name."""
 
 from __future__ import annotations
 
@@ -77,4 +78,4 @@ def _generations(doc: Doc, inp: Inputs) -> None:
 
 
 # In the report's order, after the paper's sections (pipeline/report/sections.py).
-LANGUAGE_MODEL_SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _zero_shot, _generations)
+SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _zero_shot, _generations)
