@@ -14,7 +14,15 @@ if __name__ == "__main__":  # the params in a second or two, before the imports 
 import pandas as pd
 
 from pipeline.files.atomic import write_csv, write_json
-from pipeline.files.schema import FINETUNE_SUMMARY, TASK_DATA, TASK_DATA_ATTRIBUTION, TASK_MODEL, TRAINING_LOSS_TABLE
+from pipeline.files.schema import (
+    ABOUT_FILE,
+    FINETUNE_SUMMARY,
+    TASK_DATA,
+    TASK_DATA_ATTRIBUTION,
+    TASK_METRIC,
+    TASK_MODEL,
+    TRAINING_LOSS_TABLE,
+)
 from pipeline.run.experiment import Experiment
 
 
@@ -25,11 +33,13 @@ def main(argv: list[str] | None = None) -> None:
     if result.losses is not None:  # the loss of every step of a model trained here; empty for one taken as it is
         write_csv(exp.reports / TRAINING_LOSS_TABLE,
                   pd.DataFrame({"step": range(1, len(result.losses) + 1), "loss": result.losses}))
-    # What finetune.json repeats of task.json for the report's title and credits: the model, the data and its
-    # attribution.
+    write_json(exp.reports / FINETUNE_SUMMARY, result.summary)  # numbers only: DVC metrics
+    # What about.json repeats of task.json for the report's title and credits: the metric, the model, the data and
+    # its attribution; then the family's own descriptions.
     task = exp.task_info()
-    write_json(exp.reports / FINETUNE_SUMMARY,
-               {**result.summary, **{key: task[key] for key in (TASK_MODEL, TASK_DATA, TASK_DATA_ATTRIBUTION)}})
+    write_json(exp.reports / ABOUT_FILE,
+               {**{key: task[key] for key in (TASK_METRIC, TASK_MODEL, TASK_DATA, TASK_DATA_ATTRIBUTION)},
+                **result.about})
 
 
 if __name__ == "__main__":

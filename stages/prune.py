@@ -7,6 +7,11 @@ The evaluations are the family's (`Task.evaluations`: translation on test only, 
 any further curves (`Task.extra_curves`: translation's attention kinds pruned alone, Figure 5, and its training
 checkpoints pruned by their own importance, Figure 6) and tables (`Task.extra_tables`: a language model's curves in
 the other unit). Perplexity's tolerance is relative: at most 5% above the unpruned model's.
+
+prune.json, a DVC metric, holds the headline only: per split the prunable fraction, the metric there and unpruned.
+Beside it: prune_seconds.csv (where the time went), budgeted.json (how the budgeted comparison ran; its metrics are
+budgeted_curve.csv's), kv_groups.csv (grouped-query attention: the serving-shape models) and the family's tables
+(translation: rank_correlation.csv).
 """
 
 from __future__ import annotations
@@ -26,24 +31,25 @@ from pipeline.core.levels import LevelError
 from pipeline.core.sites import attention_sites
 from pipeline.files.atomic import write_csv, write_json
 from pipeline.files.schema import (
+    BUDGETED_FILE,
     BUDGETED_HEADS,
-    BUDGETED_SUMMARY,
     BUDGETED_TABLE,
     BUDGETED_TUNED,
     CURVE_TABLE,
     HEADS_FROM,
     IMPORTANCE,
     IMPORTANCE_TABLE,
-    KV_GROUPS_SUMMARY,
-    KV_HEADS,
+    KV_GROUPS_TABLE,
     LATENCY_TABLE,
     LAYERS_TABLE,
     METRIC_AT_PRUNABLE,
     NOT_STOCK_BECAUSE,
     PRUNABLE_FRACTION,
+    PRUNE_SECONDS_TABLE,
     PRUNE_SUMMARY,
     SECONDS,
     STOCK,
+    TABLE_COLUMNS,
     TUNING_KEPT,
     UNPRUNED_METRIC,
     WHOLE_PRUNE,
@@ -73,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 class Laps:
-    """Where the stage's minutes go: `lap(name)` records the seconds since the last lap under `name` (prune.json's
-    "seconds"; the stage logs each)."""
+    """Where the stage's minutes go: `lap(name)` records the seconds since the last lap under `name`
+    (prune_seconds.csv; the stage logs each)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -84,6 +90,15 @@ class Laps:
         now = time.perf_counter()
         self.seconds[name] = round(now - self._last, 1)
         self._last = now
+
+
+def seconds_table(laps: dict[str, float], budgeted: dict[str, float]) -> pd.DataFrame:
+    """prune_seconds.csv: the stage's laps, then the budgeted comparison's parts ("method@level", a level each, or
+    one serving every level: "fisher_and_costs")."""
+    rows = [{"part": name, "level": None, "seconds": seconds} for name, seconds in laps.items()]
+    rows += [dict(zip(("part", "level"), name_and_level(key), strict=True), seconds=seconds)
+             for key, seconds in budgeted.items()]
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS[PRUNE_SECONDS_TABLE])
 
 
 def prune(exp: Experiment) -> None:
@@ -116,13 +131,16 @@ def prune(exp: Experiment) -> None:
         log.info("prune: %s holds the model with %d of %d heads removed (%.1f%%)", exp.pruned_dir(fraction), removed,
                  total, 100 * removed / total)
     summary: dict = {}
+    shapes = []  # kv_groups.csv
     for fraction, plan in kv_groups.items():  # the serving shape, for the benchmark stage
         pruned = pruned_copy(model, plan)
         exp.save(pruned, exp.kv_groups_dir(fraction))
         stock, why_not = stock_config(pruned)
-        summary.setdefault(KV_GROUPS_SUMMARY, {})[f"{fraction:g}"] = {
-            KV_HEADS: [site.num_kv_heads for site in attention_sites(pruned)], STOCK: stock is not None,
-            **({} if stock is not None else {NOT_STOCK_BECAUSE: why_not})}
+        shapes += [{"fraction_removed": fraction, "layer": layer, "kv_heads": site.num_kv_heads,
+                    STOCK: stock is not None, NOT_STOCK_BECAUSE: "" if stock is not None else why_not}
+                   for layer, site in enumerate(attention_sites(pruned))]
+    if shapes or task.one_group_table:  # grouped-query attention: the table even when no such model is saved
+        write_csv(exp.reports / KV_GROUPS_TABLE, pd.DataFrame(shapes, columns=TABLE_COLUMNS[KV_GROUPS_TABLE]))
     lap("save the pruned models")
     curves = paper_curves(evaluator, order, counts, pp.random_seeds, choice,
                           task.score_batches() if pp.reestimate else None, p.score.normalize_p)
@@ -133,9 +151,10 @@ def prune(exp: Experiment) -> None:
         lap("criteria curves")
     extra, found = task.extra_curves(evaluator, order, levels, counts, importance, choice, lap)
     curves += extra
-    summary.update(found)
     table = pd.concat(curves, ignore_index=True)
     write_csv(exp.reports / CURVE_TABLE, table)
+    for name, extra_table in found.items():
+        write_csv(exp.reports / name, extra_table)
     for name, extra_table in task.extra_tables(evaluator, importance, criteria, counts, choice, lap).items():
         write_csv(exp.reports / name, extra_table)
     for split in evals:
@@ -144,6 +163,8 @@ def prune(exp: Experiment) -> None:
 
     b = pp.budgeted
     budgeted_table, budgeted_layers = empty_budgeted_tables()
+    budgeted: dict = {}  # budgeted.json: how the comparison ran
+    budgeted_seconds: dict[str, float] = {}
     if b.methods:
         budget_evals = evals if b.max_examples == pp.max_examples else task.evaluations(b.max_examples)
         tune_batches = task.sample_batches(b.tune_examples) if BUDGETED_TUNED in b.methods else []
@@ -184,15 +205,19 @@ def prune(exp: Experiment) -> None:
             if part == WHOLE_PRUNE:
                 log.info("prune: %s with %.0f%% of the %s removed took %.0f s in all", BUDGETED_TUNED, 100 * level,
                          b.budget, seconds)
-        budgeted_table, budgeted_layers, summary[BUDGETED_SUMMARY] = result.table, result.layers, result.summary
+        budgeted_table, budgeted_layers = result.table, result.layers
+        # Its metrics are budgeted_curve.csv's and its seconds go to prune_seconds.csv: the rest describes the run.
+        budgeted = {key: value for key, value in result.summary.items() if key not in (SECONDS, *evals)}
+        budgeted_seconds = result.summary[SECONDS]
         if result.latency_table is not None:
-            summary[BUDGETED_SUMMARY][LATENCY_TABLE] = result.latency_table
+            budgeted[LATENCY_TABLE] = result.latency_table
         lap("budgeted comparison")
-    summary[SECONDS] = lap.seconds
     for name, seconds in lap.seconds.items():
         log.info("prune: %s took %.0f s", name, seconds)
     write_csv(exp.reports / BUDGETED_TABLE, budgeted_table)
     write_csv(exp.reports / LAYERS_TABLE, budgeted_layers)
+    write_json(exp.reports / BUDGETED_FILE, budgeted)
+    write_csv(exp.reports / PRUNE_SECONDS_TABLE, seconds_table(lap.seconds, budgeted_seconds))
     write_json(exp.reports / PRUNE_SUMMARY, summary)
     prunable = ", ".join(f"{100 * summary[s][PRUNABLE_FRACTION]:.0f}% on {s}" for s in evals)
     log.info("prune: within %s of unpruned, %s of heads can go (importance order)",

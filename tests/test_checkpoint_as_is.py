@@ -80,7 +80,7 @@ def test_epochs_0_evaluates_the_checkpoint_as_it_is_and_keeps_its_own_head(proje
     write_params(project, "fine_tuned")
     exp = run_stages()
     result = json.loads((exp.reports / "finetune.json").read_text())
-    assert result["train_steps"] == 0 and result["train_loss_last"] is None
+    assert result["train_steps"] == 0 and "train_loss_last" not in result  # metrics are numbers only, never null
     expected = direct_scores(exp, transformers.BertForSequenceClassification.from_pretrained(project / "fine_tuned"))
     assert (result["dev"], result["test"]) == (expected["dev"], expected["test"])
     assert 0 < np.mean(evaluate(original, make_eval_set(exp.splits()["test"], exp.tokenizer(), 32), "accuracy")[1]) < 1

@@ -84,10 +84,11 @@ def exp(repo, monkeypatch) -> Experiment:
 
 def test_the_checkpoint_is_evaluated_not_trained_with_sacrebleu(repo):
     finetune = json.loads((repo / "reports" / "tiny-fairseq" / "finetune.json").read_text())
-    assert finetune["metric"] == "bleu" and finetune["train_steps"] == 0 and finetune["num_beams"] == 2
-    assert finetune["bleu_signature"].startswith("nrefs:1")
+    about = json.loads((repo / "reports" / "tiny-fairseq" / "about.json").read_text())
+    assert about["metric"] == "bleu" and finetune["train_steps"] == 0 and about["num_beams"] == 2
+    assert about["bleu_signature"].startswith("nrefs:1")
     assert finetune["dev"] >= 50 and finetune["test"] >= 50  # the toy task was learned
-    assert finetune["model"].startswith("fairseq transformer toy/checkpoint_last.pt (2+2 layers, 4 heads")
+    assert about["model"].startswith("fairseq transformer toy/checkpoint_last.pt (2+2 layers, 4 heads")
     task = json.loads((repo / "artifacts" / "tiny-fairseq" / "data" / "task.json").read_text())
     assert task["sizes"] == {"train": 200, "dev": 20, "test": 40}  # valid has 20 pairs; the others are capped
     print(f"tiny fairseq model, beam 2: BLEU dev {finetune['dev']:.2f}, test {finetune['test']:.2f}")

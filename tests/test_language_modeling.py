@@ -389,10 +389,11 @@ def test_finetune_trains_from_scratch_and_saves_a_model_the_later_stages_load(pr
     result = run_stage("finetune", prepared)
     assert result.returncode == 0, result.stderr
     metrics = yaml.safe_load((prepared / "reports/tiny-lm/finetune.json").read_text())
-    assert metrics["metric"] == PERPLEXITY and metrics["train_steps"] == 20 and len(metrics["tokens"]) == 3
+    about = yaml.safe_load((prepared / "reports/tiny-lm/about.json").read_text())
+    assert about["metric"] == PERPLEXITY and metrics["train_steps"] == 20 and len(about["tokens"]) == 3
     # Random words: the unigram distribution is near the best any model can do here, so it is no bar to clear;
     # a uniform guess over the vocabulary is.
-    assert metrics["test"] < metrics["test_unigram"] * 2 < 2 * 120
+    assert metrics["test"] < about["test_unigram"] * 2 < 2 * 120
     exp = Experiment(parse_params(yaml.safe_load((prepared / "params.yaml").read_text())))
     monkeypatch.chdir(prepared)
     model = exp.load(exp.finetuned_dir)
@@ -414,7 +415,8 @@ def test_a_pretrained_model_is_only_evaluated(tmp_path, tokenizer, model, monkey
         result = run_stage(stage, tmp_path)
         assert result.returncode == 0, result.stderr
     metrics = yaml.safe_load((tmp_path / "reports/tiny-lm/finetune.json").read_text())
-    assert metrics["train_steps"] == 0 and metrics["model"] == str(tmp_path / "pretrained")
+    about = yaml.safe_load((tmp_path / "reports/tiny-lm/about.json").read_text())
+    assert metrics["train_steps"] == 0 and about["model"] == str(tmp_path / "pretrained")
     monkeypatch.chdir(tmp_path)
     exp = Experiment(parse_params(params))
     assert exp.task.evaluation("test")(model)[0] == pytest.approx(metrics["test"], rel=1e-5)

@@ -57,7 +57,7 @@ def test_every_stage_declares_the_params_it_reads(repo, trace_dir):
 def test_the_tables_speak_perplexity_with_positive_deltas_better(repo):
     reports = repo / "reports" / "tiny-lm"
     finetune = json.loads((reports / "finetune.json").read_text())
-    assert finetune["metric"] == "perplexity" and finetune["train_steps"] == 20
+    assert json.loads((reports / "about.json").read_text())["metric"] == "perplexity" and finetune["train_steps"] == 20
     ablation = pd.read_csv(reports / "ablation.csv")
     assert set(ablation["kind"]) == {"decoder"} and len(ablation) == 8  # 2 layers x 4 query heads
     base = ablation["metric"] + ablation["delta"]  # delta = base - masked: the fall in perplexity
@@ -88,7 +88,8 @@ def test_the_serving_shape_halves_the_kv_cache_and_loads_with_stock_transformers
     kv = bench.drop_duplicates("model").set_index("model").kv_bytes_per_token
     assert kv["50% of KV groups"] * 2 == kv["unpruned"]
     assert set(bench.phase) == {"prefill", "decode"} and set(bench.batch_size) == {1, 2}
-    assert json.loads((reports / "prune.json").read_text())["kv_groups"]["0.5"] == {"kv_heads": [1, 1], "stock": True}
+    shapes = pd.read_csv(reports / "kv_groups.csv")
+    assert shapes.fraction_removed.tolist() == [0.5, 0.5] and shapes.kv_heads.tolist() == [1, 1] and shapes.stock.all()
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(repo / "artifacts/tiny-lm/pruned/kv-groups-50")

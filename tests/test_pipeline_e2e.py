@@ -92,9 +92,10 @@ def test_budgeted_methods_meet_their_flop_budgets_and_reach_the_benchmark_and_re
     widths = set(zip(bench.budget_removed, bench.widths, strict=True))
     assert widths == {(0.0, "full"), (0.4, "rounded"), (0.4, "as searched")}
     assert (repo / "artifacts" / "tiny" / "pruned" / "budgeted-40-unrounded").is_dir()
-    prune = yaml.safe_load((reports / "prune.json").read_text())
-    assert prune["budgeted"]["seconds"]["whole_prune@0.4"] > 0
-    assert prune["budgeted"]["widths"]["multiple"] == 4 and "test@0.4" in prune["budgeted"]["widths"]["unrounded"]
+    seconds = pd.read_csv(reports / "prune_seconds.csv")
+    assert seconds[(seconds.part == "whole_prune") & (seconds.level == 0.4)].seconds.iloc[0] > 0
+    budgeted = json.loads((reports / "budgeted.json").read_text())
+    assert budgeted["widths"]["multiple"] == 4 and "test@0.4" in budgeted["widths"]["unrounded"]
     report = (reports / "report.md").read_text()
     assert "Beyond the paper: heads and FFN neurons under a FLOPs budget" in report
     assert "Kwon et al. (2022), reported" in report
@@ -149,8 +150,8 @@ def test_a_prune_param_reruns_only_prune_and_what_follows(repo):
     assert ran[0] == "prune" and ran[-1] == "report" and set(ran) <= {"prune", "recover", "benchmark", "report"}
     curve = pd.read_csv(repo / "reports" / "tiny" / "pruning_curve.csv")
     assert sorted(curve.fraction_pruned.unique()) == [0.0, 0.5]
-    prune = json.loads((repo / "reports" / "tiny" / "prune.json").read_text())
-    latency = pd.DataFrame(prune["budgeted"]["latency_table"])
+    budgeted_run = json.loads((repo / "reports" / "tiny" / "budgeted.json").read_text())
+    latency = pd.DataFrame(budgeted_run["latency_table"])
     assert set(latency.units) == {"heads", "neurons"} and (latency.seconds > 0).all()
     # A tiny model's latency is mostly fixed overhead, so levels it cannot reach are left out, not faked.
     budgeted = pd.read_csv(repo / "reports" / "tiny" / "budgeted_curve.csv")

@@ -12,13 +12,16 @@ import pandas as pd
 import pytest
 
 from pipeline.files.schema import (
+    ABOUT_FILE,
+    FINETUNE_SUMMARY,
     IMPORTANCE,
     KINDS,
-    KV_GROUPS_SUMMARY,
-    KV_HEADS,
+    KV_GROUPS_TABLE,
     METRIC_AT_PRUNABLE,
+    NOT_STOCK_BECAUSE,
     PRUNABLE_FRACTION,
     STOCK,
+    TABLE_COLUMNS,
     UNPRUNED_METRIC,
     UNPRUNED_MODEL,
     checkpoint_method,
@@ -63,10 +66,15 @@ def _write_curve(report_dir: Path, methods: dict[str, list[float]], splits=("dev
         (report_dir / "prune.json").write_text(json.dumps(summary))
 
 
+def _write_finetune(report_dir: Path, metrics: dict, about: dict) -> None:
+    """What the finetune stage writes: its metrics (numbers only) and what the experiment is (about.json)."""
+    (report_dir / FINETUNE_SUMMARY).write_text(json.dumps(metrics))
+    (report_dir / ABOUT_FILE).write_text(json.dumps(about))
+
+
 def _write_bert(report_dir: Path) -> None:
-    (report_dir / "finetune.json").write_text(
-        json.dumps({"metric": "accuracy", "dev": 85.5, "test": 84.6, "model": "bert-base", "data": "glue/mnli"})
-    )
+    _write_finetune(report_dir, {"dev": 85.5, "test": 84.6}, {"metric": "accuracy", "model": "bert-base",
+                                                              "data": "glue/mnli"})
     grid = [(layer, head) for layer in range(3) for head in range(4)]
     pd.DataFrame(
         [("encoder", lay, h, (h + 1) / 4) for lay, h in grid], columns=["kind", "layer", "head", "importance"]
@@ -227,10 +235,18 @@ def test_missing_files_are_skipped(tmp_path: Path) -> None:
     assert {p.name for p in (tmp_path / "figures").glob("*.png")} == {"pruning_curve.png"}
 
 
-def test_the_report_is_titled_after_the_model_and_data_that_finetune_json_names(tmp_path: Path) -> None:
+def test_the_report_is_titled_after_the_model_and_data_that_about_json_names(tmp_path: Path) -> None:
     _write_bert(tmp_path)
     build_report(tmp_path)
     assert (tmp_path / "report.md").read_text().startswith("# Head pruning: bert-base on glue/mnli\n")
+
+
+def test_a_report_folder_written_before_about_json_reads_the_descriptions_from_finetune_json(tmp_path: Path) -> None:
+    (tmp_path / FINETUNE_SUMMARY).write_text(json.dumps({"metric": "accuracy", "dev": 85.5, "test": 84.6,
+                                                         "model": "bert-base", "data": "glue/mnli"}))
+    build_report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# Head pruning: bert-base on glue/mnli\n") and "Unpruned test accuracy: 84.6" in md
 
 
 def test_the_report_stage_imports_neither_torch_nor_transformers() -> None:
@@ -255,9 +271,8 @@ def test_malformed_csv_is_an_error(tmp_path: Path) -> None:
 
 
 def _write_mt(report_dir: Path) -> None:
-    (report_dir / "finetune.json").write_text(
-        json.dumps({"metric": "bleu", "dev": 27.0, "test": 26.0, "model": "transformer", "data": "wmt14 en-de"})
-    )
+    _write_finetune(report_dir, {"dev": 27.0, "test": 26.0}, {"metric": "bleu", "model": "transformer",
+                                                              "data": "wmt14 en-de"})
     pd.DataFrame(
         [(k, lay, h, 26.0, 0.0, 0.9) for k in KINDS for lay in range(2) for h in range(2)],
         columns=["kind", "layer", "head", "metric", "delta", "p_value"],
@@ -363,7 +378,9 @@ def test_shipped_template_is_offline() -> None:
 
 def test_an_llm_report_sets_kv_cache_savings_and_the_anchor_tools_beside_this_run(tmp_path: Path) -> None:
     _write_curve(tmp_path, {IMPORTANCE: IMPORTANCE_TEST, "magnitude": RANDOM_TEST, "activation": RANDOM_TEST})
-    (tmp_path / "prune.json").write_text(json.dumps({KV_GROUPS_SUMMARY: {"0.5": {KV_HEADS: [1] * 6, STOCK: True}}}))
+    pd.DataFrame([{"fraction_removed": 0.5, "layer": layer, "kv_heads": 1, STOCK: True, NOT_STOCK_BECAUSE: ""}
+                  for layer in range(6)], columns=TABLE_COLUMNS[KV_GROUPS_TABLE]).to_csv(tmp_path / KV_GROUPS_TABLE,
+                                                                                       index=False)
     rows = []
     for model, kv, ideal_kv, ideal_flops in ((UNPRUNED_MODEL, 3072, 1.0, 1.0), (kv_groups_label(0.5), 1536, 2.0, 1.16)):
         for phase in ("prefill", "decode"):

@@ -53,8 +53,9 @@ def test_training_saves_checkpoints_and_scores_bleu_with_its_signature(repo):
     steps = sorted(p.name for p in (repo / "artifacts" / "tiny-mt" / "checkpoints").iterdir())
     assert steps == ["step-000010", "step-000020", "step-000040"]
     finetune = json.loads((repo / "reports" / "tiny-mt" / "finetune.json").read_text())
-    assert finetune["metric"] == "bleu" and 0 <= finetune["test"] <= 100
-    assert finetune["bleu_signature"].startswith("nrefs:1")
+    about = json.loads((repo / "reports" / "tiny-mt" / "about.json").read_text())
+    assert about["metric"] == "bleu" and 0 <= finetune["test"] <= 100
+    assert about["bleu_signature"].startswith("nrefs:1")
     loss = pd.read_csv(repo / "reports" / "tiny-mt" / "training_loss.csv")
     assert len(loss) == 40 and loss.loss.iloc[-5:].mean() < loss.loss.iloc[:5].mean()
 
@@ -76,8 +77,8 @@ def test_pruning_curves_by_kind_random_and_per_checkpoint(repo):
     assert set(curve.split) == {"test"}
     cross = curve[curve.method == "importance-cross"].sort_values("fraction_pruned")
     assert cross.fraction_pruned.tolist() == [0.0, 0.25, 0.5, 0.75] and cross.heads_pruned.tolist() == [0, 2, 4, 6]
-    correlation = json.loads((reports / "prune.json").read_text())["importance_rank_correlation_with_final"]
-    assert set(correlation) == {"10", "20", "40"} and correlation["40"] == pytest.approx(1.0)
+    correlation = pd.read_csv(reports / "rank_correlation.csv").set_index("step").spearman
+    assert set(correlation.index) == {10, 20, 40} and correlation[40] == pytest.approx(1.0)
     record = json.loads((repo / "artifacts" / "tiny-mt" / "pruned" / "50" / "head_pruning.json").read_text())
     assert sum(site["original_num_heads"] - len(site["kept_heads"]) for site in record["sites"]) == 12
 

@@ -153,23 +153,59 @@ BENCHMARK_TIMINGS = frozenset({"examples_per_s", "tokens_per_s", "speedup", "spe
                                "speedup_max", "floor_share", "amdahl_speedup"})
 
 
-# --- prune.json: the prune stage's summary, which the report quotes ---------------------------------------
-# Per evaluation split: the largest fraction of heads pruned within TOLERANCE on the importance curve, the metric
-# there, and the unpruned model's.
-PRUNABLE_FRACTION, METRIC_AT_PRUNABLE = "prunable_fraction_within_1pt", "metric_at_prunable"
-UNPRUNED_METRIC = "unpruned"
-RANK_CORRELATION = "importance_rank_correlation_with_final"  # Figure 6: {checkpoint step: Spearman rho}
-# {fraction of KV groups removed: {KV_HEADS: [per layer], STOCK: bool[, NOT_STOCK_BECAUSE: why]}}; STOCK and
-# NOT_STOCK_BECAUSE say the same of a pruned folder in its PRUNING_FILE (pipeline/core/checkpoint.py).
-KV_GROUPS_SUMMARY, KV_HEADS, STOCK, NOT_STOCK_BECAUSE = "kv_groups", "kv_heads", "stock", "not_stock_because"
-# The budgeted comparison (pipeline/methods/comparison.py): the cost cut (prune.budgeted.budget), the seconds of
-# each part (WHOLE_PRUNE: Kwon's headline cost, Fisher pass to tuned model), the FFN widths' multiple with what
-# budgeted-tuned scores without it (UNROUNDED), by level whether budgeted-tuned kept its tuning and where
-# budgeted-heads' heads came from, per split each method's metric at each level, and under a latency budget the
-# per-layer timings measured (LATENCY_TABLE).
-BUDGETED_SUMMARY, BUDGET, SECONDS, WIDTHS = "budgeted", "budget", "seconds", "widths"
+# --- the DVC metrics: each stage's headline numbers, one small vocabulary for every family ---------------------
+# `dvc metrics show` prints one table whose columns are the union of the flattened keys of every declared metrics
+# file of every pipeline, so the files share these keys, hold numbers only (a key with no value is left out, never
+# None), at most METRICS_PER_FILE each, and the union stays at most METRICS_UNION (tests/test_dvc_metrics.py).
+# Everything else a stage found goes to a CSV declared as a plot, and descriptions to a JSON declared as an out.
+METRICS_PER_FILE, METRICS_UNION = 20, 28
+# finetune.json: the metric on each of EVAL_SPLITS, and the training's steps, seconds and last loss (no loss when
+# nothing was trained). What the metric is, and the model and data, are in about.json.
+TRAIN_STEPS, TRAIN_SECONDS, TRAIN_LOSS_LAST = "train_steps", "train_seconds", "train_loss_last"
+# ablate.json: how many single-head removals are significant (p < ALPHA), how many of them improve the metric, the
+# worst single-head delta and the worst layer with one head (one key/value group) kept; ablation.csv has the rest.
+SIGNIFICANT, SIGNIFICANT_IMPROVING = "significant", "significant_improving"
+WORST_DELTA, WORST_ONE_HEAD_DELTA = "worst_delta", "worst_one_head_delta"
+WORST_ONE_GROUP_DELTA = "worst_one_group_delta"
+# prune.json, per evaluation split: the largest fraction of heads pruned within tolerance (`within_tolerance`: 1 point
+# of accuracy or BLEU, 5% of perplexity) on the importance curve, the metric there, and the unpruned model's.
+PRUNABLE_FRACTION, METRIC_AT_PRUNABLE, UNPRUNED_METRIC = "prunable_fraction", "metric_at_prunable", "unpruned"
+# benchmark.json: Table 4's headline, the most pruned saved model (FRACTION_PRUNED of its heads removed) at the
+# largest batch, at the first attention implementation and the runtime's precision (a language model: cached
+# decoding): its median speedup and its FLOP ideal; under BUDGETED_SUMMARY the same for the most pruned saved
+# budgeted-tuned model (BUDGET_REMOVED of the cost removed). benchmark.csv and llm_benchmark.csv have every model.
+FRACTION_PRUNED, BATCH_SIZE, SPEEDUP, IDEAL_SPEEDUP = "fraction_pruned", "batch_size", "speedup", "ideal_speedup"
+BUDGETED_SUMMARY, BUDGET_REMOVED = "budgeted", "budget_removed"
+# zero_shot.json: mean zero-shot accuracy (lm-eval's acc over the tasks, 0-1) of the unpruned model, of the most
+# pruned saved model (FRACTION_PRUNED, as benchmark.json's) and of that model after recovery; zero_shot.csv has all.
+PRUNED_METRIC, RECOVERED_METRIC = "pruned", "recovered"
+# The flattened keys each metrics file may hold (`dvc metrics show`'s columns).
+METRICS_KEYS = {
+    "finetune.json": (*EVAL_SPLITS, TRAIN_STEPS, TRAIN_SECONDS, TRAIN_LOSS_LAST),
+    "ablate.json": (SIGNIFICANT, SIGNIFICANT_IMPROVING, WORST_DELTA, WORST_ONE_HEAD_DELTA, WORST_ONE_GROUP_DELTA),
+    "prune.json": tuple(f"{split}.{key}" for split in EVAL_SPLITS
+                        for key in (PRUNABLE_FRACTION, METRIC_AT_PRUNABLE, UNPRUNED_METRIC)),
+    "benchmark.json": (FRACTION_PRUNED, BATCH_SIZE, SPEEDUP, IDEAL_SPEEDUP,
+                       *(f"{BUDGETED_SUMMARY}.{key}" for key in (BUDGET_REMOVED, SPEEDUP, IDEAL_SPEEDUP))),
+    "zero_shot.json": (UNPRUNED_METRIC, PRUNED_METRIC, RECOVERED_METRIC, FRACTION_PRUNED),
+}
+
+# --- what the prune stage writes beside prune.json ----------------------------------------------------------
+# budgeted.json (BUDGETED_FILE, not a metric): how the budgeted comparison (pipeline/methods/comparison.py) ran: the
+# cost cut (prune.budgeted.budget), the FFN widths' multiple with what budgeted-tuned scores without it (UNROUNDED,
+# {split@level: metric}), by level whether budgeted-tuned kept its tuning and where budgeted-heads' heads came from,
+# and under a latency budget the per-layer timings measured (LATENCY_TABLE). Its metrics are in budgeted_curve.csv.
+BUDGET, SECONDS, WIDTHS = "budget", "seconds", "widths"
 MULTIPLE, UNROUNDED, WHOLE_PRUNE, LATENCY_TABLE = "multiple", "unrounded", "whole_prune", "latency_table"
 TUNING_KEPT, HEADS_FROM = "tuning_kept", "heads_from"
+# prune_seconds.csv: where the stage's minutes went, one row per part (a `level` for the budgeted parts at one
+# level, e.g. WHOLE_PRUNE: Kwon's headline cost, Fisher pass to tuned model).
+# kv_groups.csv: each serving-shape model's key/value heads per layer (prune.kv_group_fractions), and whether it is a
+# stock Hugging Face folder (STOCK; why not: NOT_STOCK_BECAUSE, as a pruned folder's PRUNING_FILE says,
+# pipeline/core/checkpoint.py).
+STOCK, NOT_STOCK_BECAUSE = "stock", "not_stock_because"
+# rank_correlation.csv (translation trained here, Figure 6): the Spearman rank correlation of each training
+# checkpoint's head importance with the final model's.
 
 
 def at_level(name: str, level: float) -> str:
@@ -194,11 +230,17 @@ def kv_groups_label(fraction: float) -> str:
 
 
 # --- the files an experiment writes (reports/<experiment>/), which the report and dvc.yaml read -----------
-# The stages' summaries, DVC metrics (dvc.yaml); the report also reads finetune.json and prune.json.
+# The stages' summaries, DVC metrics (dvc.yaml; their keys: METRICS_KEYS); the report also reads finetune.json and
+# prune.json.
 FINETUNE_SUMMARY, PRUNE_SUMMARY = "finetune.json", "prune.json"
 ABLATE_SUMMARY, BENCHMARK_SUMMARY = "ablate.json", "benchmark.json"
-# task.json's keys (TASK_FILE, written by the prepare stage), which finetune.json repeats for the report: the metric
-# (one of CLASSIFICATION_METRICS, BLEU, PERPLEXITY), the model and data by name, and the data's attribution.
+# Not metrics (DVC outs, in git): what the experiment is, for the report's title and credits (the finetune stage),
+# and how the budgeted comparison ran (the prune stage).
+ABOUT_FILE, BUDGETED_FILE = "about.json", "budgeted.json"
+# task.json's keys (TASK_FILE, written by the prepare stage), which about.json repeats for the report: the metric
+# (one of CLASSIFICATION_METRICS, BLEU, PERPLEXITY), the model and data by name, and the data's attribution. A family
+# adds its own descriptions (translation: the BLEU signature and beams; language modelling: texts and tokens per
+# split, the unigram baseline's test perplexity).
 TASK_METRIC, TASK_MODEL, TASK_DATA, TASK_DATA_ATTRIBUTION = "metric", "model", "data", "data_attribution"
 # The tables, and the columns every reader relies on.
 IMPORTANCE_TABLE, ABLATION_TABLE = "importance.csv", "ablation.csv"
@@ -207,6 +249,8 @@ CURVE_TABLE, BUDGETED_TABLE, LAYERS_TABLE = "pruning_curve.csv", "budgeted_curve
 # Grouped-query attention with prune.compare_units: every curve of CURVE_TABLE again in the other unit.
 OTHER_UNIT_CURVE_TABLE = "pruning_curve_other_unit.csv"
 RECOVERY_TABLE, TRAINING_LOSS_TABLE = "recovery.csv", "training_loss.csv"  # the latter: models trained from scratch
+PRUNE_SECONDS_TABLE, KV_GROUPS_TABLE, RANK_CORRELATION_TABLE = (
+    "prune_seconds.csv", "kv_groups.csv", "rank_correlation.csv")
 # Language models: zero-shot accuracy through lm-evaluation-harness, and greedy completions of fixed prompts.
 ZERO_SHOT_TABLE, GENERATIONS_TABLE, ZERO_SHOT_SUMMARY = "zero_shot.csv", "generations.csv", "zero_shot.json"
 ZERO_SHOT_DIR = "zero_shot"  # in the data folder: the zero-shot tasks' questions (JSONL), which prepare samples
@@ -228,6 +272,9 @@ TABLE_COLUMNS = {
     ZERO_SHOT_TABLE: ["model", "task", "metric", "value", "stderr", "items"],
     GENERATIONS_TABLE: ["model", "prompt", "completion"],
     TRAINING_LOSS_TABLE: ["step", "loss"],
+    PRUNE_SECONDS_TABLE: ["part", "level", "seconds"],  # level: empty for a part that serves every level
+    KV_GROUPS_TABLE: ["fraction_removed", "layer", "kv_heads", STOCK, NOT_STOCK_BECAUSE],
+    RANK_CORRELATION_TABLE: ["step", "spearman"],
     # device: torch's name of the GPU, or "cpu"; precision: one of PRECISIONS (the benchmark's autocast).
     # speedup: the median over the benchmark's rounds of the per-round ratio; speedup_q1, speedup_q3: its quartiles;
     # speedup_min, speedup_max: its range, the confidence interval for the median (pipeline/core/timer.py).

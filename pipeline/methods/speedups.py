@@ -1,28 +1,52 @@
-"""Table 4's headline for `dvc metrics`: each pruned model's median speedup at the largest batch, with its spread and
-its FLOP ideal, from the benchmark stage's throughput tables (classification and translation)."""
+"""Table 4's headline for `dvc metrics` (benchmark.json): the most pruned saved model's median speedup at the largest
+batch beside its FLOP ideal, and the same for the most pruned saved budgeted-tuned model, from the benchmark stage's
+throughput tables (classification and translation). The tables hold every model, batch and spread."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.core.timer import SPEEDUP_SPREAD
-from pipeline.files.schema import ROUNDED_WIDTHS, SEARCHED_WIDTHS
+from pipeline.files.schema import (
+    BATCH_SIZE,
+    BUDGET_REMOVED,
+    BUDGETED_SUMMARY,
+    FRACTION_PRUNED,
+    IDEAL_SPEEDUP,
+    ROUNDED_WIDTHS,
+    SEARCHED_WIDTHS,
+    SPEEDUP,
+)
 
 
-def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: int) -> dict:
-    """Table 4's numbers at the largest batch, for `dvc metrics`: each model's median speedup, its interquartile
-    range and range, and its ideal (FLOPs). A budgeted level with rounded widths names its twin as searched
-    "-unrounded"."""
-    summary: dict = {}
-    twins = set(budgeted.loc[budgeted.widths == ROUNDED_WIDTHS, "budget_removed"])
-    for name, frame, column in (("pruned", table, "fraction_pruned"), ("budgeted", budgeted, "budget_removed")):
-        for r in frame[(frame.batch_size == batch_size) & (frame[column] > 0)].itertuples():
-            # fp32 keeps the key it had before precisions were timed; another precision names itself.
-            impl = r.attn_implementation if r.precision == "fp32" else f"{r.attn_implementation}-{r.precision}"
-            level = getattr(r, column)
-            twin = name == "budgeted" and r.widths == SEARCHED_WIDTHS and level in twins
-            model = f"{name}@{level:g}" + ("-unrounded" if twin else "")
-            summary.setdefault(f"{impl}@batch{batch_size}", {})[model] = {
-                **{key: round(float(getattr(r, key)), 4) for key in SPEEDUP_SPREAD},
-                "ideal_speedup": round(float(r.ideal_speedup), 4)}
+def _headline(rows: pd.DataFrame, column: str) -> dict:
+    """{column: the largest level, speedup, ideal_speedup} of its row in `rows`; {} when `rows` has no pruned one."""
+    rows = rows[rows[column] > 0]
+    if rows.empty:
+        return {}
+    row = rows[rows[column] == rows[column].max()].iloc[0]
+    return {column: round(float(row[column]), 4), SPEEDUP: round(float(row[SPEEDUP]), 4),
+            IDEAL_SPEEDUP: round(float(row[IDEAL_SPEEDUP]), 4)}
+
+
+def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: int, attn_implementation: str,
+                      precision: str) -> dict:
+    """benchmark.json: at `batch_size` (the largest), `attn_implementation` (the first timed) and `precision` (the
+    runtime's), the most pruned model of benchmark.csv and, under "budgeted", the most pruned of
+    benchmark_budgeted.csv as saved (its widths rounded to the measured multiple where they were, not its twin as
+    searched). Numbers only; a part with no pruned model is left out."""
+    def at(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[(frame.batch_size == batch_size) & (frame.attn_implementation == attn_implementation)
+                     & (frame.precision == precision)]
+
+    summary = _headline(at(table), FRACTION_PRUNED)
+    if summary:
+        summary = {FRACTION_PRUNED: summary[FRACTION_PRUNED], BATCH_SIZE: batch_size,
+                   SPEEDUP: summary[SPEEDUP], IDEAL_SPEEDUP: summary[IDEAL_SPEEDUP]}
+    rows = at(budgeted)
+    if not rows.empty:
+        rounded = set(rows.loc[rows.widths == ROUNDED_WIDTHS, BUDGET_REMOVED])
+        saved = rows[(rows.widths == ROUNDED_WIDTHS)
+                     | ((rows.widths == SEARCHED_WIDTHS) & ~rows[BUDGET_REMOVED].isin(rounded))]
+        if found := _headline(saved, BUDGET_REMOVED):
+            summary[BUDGETED_SUMMARY] = found
     return summary

@@ -4,10 +4,15 @@ Every input file is optional; a section whose file is missing (or empty) is skip
 percent (0-100) or BLEU points, so "1 point" is 1.0 everywhere.
 
 Inputs in report_dir (columns; `pipeline.files.schema.TABLE_COLUMNS` names the required ones):
-    finetune.json       {"metric", "dev", "test", "model", "data", optional "data_attribution"}
-    prune.json          optional per split the prunable fraction, the budgeted comparison's summary, the KV-group
-                        models and the rank correlations: the keys and their shapes are in the "prune.json" section
-                        of `pipeline.files.schema`
+    finetune.json       {"dev", "test", ...}: the metric of the fine-tuned model (DVC metrics: numbers only)
+    about.json          {"metric", "model", "data", optional "data_attribution", ...}: what the experiment is; an
+                        older report folder has these in finetune.json, which is read alike
+    prune.json          optional per split the prunable fraction, the metric there and unpruned (schema's
+                        METRICS_KEYS)
+    budgeted.json       optional: how the budgeted comparison ran (its cost, FFN widths; schema's BUDGETED_FILE)
+    prune_seconds.csv   part, level, seconds   (where the prune stage's time went)
+    kv_groups.csv       fraction_removed, layer, kv_heads, stock, not_stock_because   (serving-shape models)
+    rank_correlation.csv  step, spearman   (Figure 6: each checkpoint's importance against the final model's)
     importance.csv      kind, layer, head, importance            (per-layer normalised)
     ablation.csv        kind, layer, head, metric, delta, p_value [, examples]
                         (one head masked; delta = masked - full)
@@ -43,11 +48,12 @@ import pandas as pd
 from pipeline.files.artifacts import read_table, reading
 from pipeline.files.schema import (
     ABLATION_TABLE,
+    ABOUT_FILE,
     BENCHMARK_TABLE,
     BLEU,
     BUDGET,
     BUDGETED_BENCHMARK_TABLE,
-    BUDGETED_SUMMARY,
+    BUDGETED_FILE,
     BUDGETED_TABLE,
     CURVE_TABLE,
     EVAL_SPLITS,
@@ -55,15 +61,19 @@ from pipeline.files.schema import (
     GENERATIONS_TABLE,
     IMPORTANCE_TABLE,
     KINDS,
+    KV_GROUPS_TABLE,
     LAYERS_TABLE,
     LLM_BENCHMARK_TABLE,
     LOWER_IS_BETTER,
+    NOT_STOCK_BECAUSE,
     ONE_GROUP_TABLE,
     ONE_HEAD_TABLE,
     OTHER_UNIT_CURVE_TABLE,
+    PRUNE_SECONDS_TABLE,
     PRUNE_SUMMARY,
+    RANK_CORRELATION_TABLE,
     RECOVERY_TABLE,
-    SECONDS,
+    STOCK,
     TASK_DATA,
     TASK_METRIC,
     TASK_MODEL,
@@ -71,7 +81,6 @@ from pipeline.files.schema import (
     ZERO_SHOT_TABLE,
     checkpoint_method,
     kind_method,
-    name_and_level,
 )
 
 ENCODER, DECODER, CROSS = KINDS
@@ -170,6 +179,10 @@ class Inputs:
     other_unit_curve: pd.DataFrame | None = None
     zero_shot: pd.DataFrame | None = None
     generations: pd.DataFrame | None = None
+    budgeted_run: dict | None = None
+    prune_seconds: pd.DataFrame | None = None
+    kv_group_shapes: pd.DataFrame | None = None
+    rank_correlations: pd.DataFrame | None = None
 
     @classmethod
     def load(cls, report_dir: Path) -> Inputs:
@@ -180,9 +193,14 @@ class Inputs:
             with reading(path, json.JSONDecodeError, UnicodeDecodeError):
                 return json.loads(path.read_text())
 
+        finetune, about = read_json(FINETUNE_SUMMARY), read_json(ABOUT_FILE)
         return cls(
-            finetune=read_json(FINETUNE_SUMMARY),
+            finetune=None if finetune is None and about is None else {**(about or {}), **(finetune or {})},
             prune=read_json(PRUNE_SUMMARY),
+            budgeted_run=read_json(BUDGETED_FILE),
+            prune_seconds=_read_csv(report_dir, PRUNE_SECONDS_TABLE),
+            kv_group_shapes=_read_csv(report_dir, KV_GROUPS_TABLE),
+            rank_correlations=_read_csv(report_dir, RANK_CORRELATION_TABLE),
             importance=_read_csv(report_dir, IMPORTANCE_TABLE),
             ablation=_read_csv(report_dir, ABLATION_TABLE),
             one_head=_read_csv(report_dir, ONE_HEAD_TABLE),
@@ -277,12 +295,30 @@ class Inputs:
 
     @property
     def budgeted_summary(self) -> dict:
-        """prune.json's summary of the budgeted comparison ({} when there is none)."""
-        return (self.prune or {}).get(BUDGETED_SUMMARY) or {}
+        """budgeted.json: how the budgeted comparison ran ({} when there is none)."""
+        return self.budgeted_run or {}
 
     @property
     def whole_prune_seconds(self) -> float | None:
         """Seconds of one whole budgeted-tuned prune, Fisher pass to tuned model (None: not measured)."""
-        seconds = self.budgeted_summary.get(SECONDS) or {}
-        whole = [v for k, v in seconds.items() if name_and_level(k)[0] == WHOLE_PRUNE]
-        return float(whole[0]) if whole else None
+        if self.prune_seconds is None:
+            return None
+        whole = self.prune_seconds[self.prune_seconds["part"] == WHOLE_PRUNE]
+        return float(whole["seconds"].iloc[0]) if not whole.empty else None
+
+    @property
+    def rank_correlation(self) -> dict[str, float]:
+        """Figure 6: {checkpoint step: Spearman rank correlation of its importance with the final model's}."""
+        table = self.rank_correlations
+        return {} if table is None else {str(int(r.step)): float(r.spearman) for r in table.itertuples()}
+
+    @property
+    def kv_groups(self) -> dict[str, dict]:
+        """The serving-shape models by fraction of KV groups removed ("0.5"): {STOCK: bool, NOT_STOCK_BECAUSE: why}."""
+        table = self.kv_group_shapes
+        found: dict[str, dict] = {}
+        for fraction, rows in ([] if table is None else table.groupby("fraction_removed", sort=False)):
+            why = rows[NOT_STOCK_BECAUSE].dropna().astype(str)
+            found[f"{float(fraction):g}"] = {STOCK: bool(rows[STOCK].astype(bool).all()),
+                                              NOT_STOCK_BECAUSE: why.iloc[0] if not why.empty else ""}
+        return found

@@ -16,13 +16,11 @@ from pipeline.files.schema import (
     IMPORTANCE,
     KIND_LABELS,
     KINDS,
-    KV_GROUPS_SUMMARY,
     METRIC_AT_PRUNABLE,
     NOT_STOCK_BECAUSE,
     PAPER,
     PRUNABLE_FRACTION,
     RANDOM,
-    RANK_CORRELATION,
     STOCK,
     TASK_DATA,
     TASK_MODEL,
@@ -236,7 +234,7 @@ def _cross_collapse(inp: Inputs) -> str | None:
 
 def _early_importance(inp: Inputs) -> str | None:
     """Figure 6 (Section 6): which heads matter is settled early in training, and robustness to pruning grows."""
-    correlation = (inp.prune or {}).get(RANK_CORRELATION)
+    correlation = inp.rank_correlation
     curve = inp.curve
     if not correlation or curve is None:
         return None
@@ -453,7 +451,7 @@ def llm_anchor_sentences(inp: Inputs, split: str = TEST, fraction: float = 0.5) 
             sentences.append(f"{ANCHORS['minitron']}; its activation criterion, chosen here as importance is, gives "
                              f"{split} {name} {num(activation)} at {pct(fraction)} of query heads removed, "
                              f"against {num(ours)} for importance.")
-    serving = (inp.prune or {}).get(KV_GROUPS_SUMMARY) or {}
+    serving = inp.kv_groups
     bench = inp.llm_benchmark
     for fraction, saved in serving.items():
         rows = None if bench is None else bench[bench.model == kv_groups_label(float(fraction))]

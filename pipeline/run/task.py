@@ -16,7 +16,7 @@ then the files. Adding a family is one package and one registry entry (tests/tes
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,7 +29,7 @@ from pipeline.config.tasks import family_module
 from pipeline.core.checkpoint import load_model, save_model
 from pipeline.data.evaluation import TaskEval
 from pipeline.files.artifacts import MissingArtifact
-from pipeline.files.schema import EVAL_SPLITS
+from pipeline.files.schema import EVAL_SPLITS, TRAIN_LOSS_LAST, TRAIN_SECONDS, TRAIN_STEPS
 
 if TYPE_CHECKING:
     from pipeline.core.importance import HeadChoice
@@ -51,12 +51,21 @@ class Prepared:
 
 @dataclass
 class Finetuned:
-    """What a family's `finetune` returns: the model to save, finetune.json's content, and the loss of every
-    training step where the family draws training_loss.csv (None where it has no such table)."""
+    """What a family's `finetune` returns: the model to save, finetune.json's content (numbers only: DVC metrics,
+    files/schema.py's METRICS_KEYS), the loss of every training step where the family draws training_loss.csv (None
+    where it has no such table), and what about.json adds to task.json's descriptions (e.g. the BLEU signature)."""
 
     model: nn.Module
     summary: dict
     losses: list[float] | None = None
+    about: dict = field(default_factory=dict)
+
+
+def training_summary(losses: list[float], seconds: float) -> dict:
+    """finetune.json's training numbers: the steps, the seconds and the last step's loss (none when nothing was
+    trained: a metrics file holds numbers only)."""
+    return {TRAIN_STEPS: len(losses), TRAIN_SECONDS: round(seconds),
+            **({TRAIN_LOSS_LAST: float(losses[-1])} if losses else {})}
 
 
 class UnknownStage(LookupError):
@@ -139,10 +148,10 @@ class Task:
     # --- the prune stage's extra curves ------------------------------------------------------------------
     def extra_curves(self, evaluator: CurveEvaluator, order: list, levels: list[float], counts: list[int],
                      importance: list, choice: HeadChoice, lap: Callable[[str], None]
-                     ) -> tuple[list[pd.DataFrame], dict]:
-        """Curves beyond the paper's and the criteria's that the family draws into pruning_curve.csv, and what
-        they add to prune.json (translation: Figure 5's attention kinds, Figure 6's checkpoints); `lap(name)` after
-        each records its seconds."""
+                     ) -> tuple[list[pd.DataFrame], dict[str, pd.DataFrame]]:
+        """Curves beyond the paper's and the criteria's that the family draws into pruning_curve.csv, and tables of
+        what they found, by file name (translation: Figure 5's attention kinds; Figure 6's checkpoints and their
+        rank correlations, rank_correlation.csv); `lap(name)` after each records its seconds."""
         return [], {}
 
     def extra_tables(self, evaluator: CurveEvaluator, importance: list, criteria: dict, counts: list[int],

@@ -13,7 +13,7 @@ from transformers import AutoModelForSequenceClassification
 from pipeline.data.evaluation import evaluate
 from pipeline.files.schema import EVAL_SPLITS, SPLITS, TASK_METRIC
 from pipeline.run.experiment import Experiment, log
-from pipeline.run.task import Finetuned
+from pipeline.run.task import Finetuned, training_summary
 from pipeline.tasks.classification.data import HeadMismatch, checkpoint_label_order, reorder_head
 from pipeline.tasks.classification.training import TrainConfig
 from pipeline.tasks.classification.training import finetune as train
@@ -75,5 +75,4 @@ def finetune(exp: Experiment) -> Finetuned:
                   for split, es in exp.task.eval_sets((*EVAL_SPLITS, *extra)).items()}
     log.info("finetune: %s dev %.2f, test %.2f (%d steps, %.0f s)", task[TASK_METRIC], scores["dev"], scores["test"],
              len(losses), seconds)
-    return Finetuned(model, {TASK_METRIC: task[TASK_METRIC], **scores, "train_steps": len(losses),
-                             "train_loss_last": losses[-1] if losses else None, "train_seconds": round(seconds)})
+    return Finetuned(model, {**scores, **training_summary(losses, seconds)})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.core.runtime import Runtime
-from pipeline.files.schema import LLM_BENCHMARK_TABLE, UNPRUNED_MODEL
+from pipeline.files.schema import BATCH_SIZE, FRACTION_PRUNED, IDEAL_SPEEDUP, LLM_BENCHMARK_TABLE, SPEEDUP
 from pipeline.methods.llm_bench import DECODE, llm_benchmark
 from pipeline.run.experiment import Experiment, log
 
@@ -20,16 +20,22 @@ def language_model(exp: Experiment, runtime: Runtime) -> pd.DataFrame:
 
 
 def benchmark(exp: Experiment, each: list[Runtime]) -> tuple[dict[str, pd.DataFrame], dict]:
-    """(llm_benchmark.csv, benchmark.json) at each runtime of `each`."""
+    """(llm_benchmark.csv, benchmark.json) at each runtime of `each`. benchmark.json: the most pruned saved model's
+    cached-decode speedup at the largest batch and the runtime's precision, beside its FLOP ideal (its KV-bytes ideal,
+    the prefill and every other model are in llm_benchmark.csv)."""
     table = pd.concat([language_model(exp, runtime) for runtime in each], ignore_index=True)
     largest = max(exp.params.benchmark.batch_sizes)
     summary: dict = {}
+    headline = exp.task.headline_model()
+    if headline is not None:  # the most pruned model's cached decoding at the runtime's precision
+        label, fraction = headline
+        rows = table[(table.batch_size == largest) & (table.phase == DECODE) & (table.model == label)
+                     & (table.precision == exp.runtime.precision)]
+        if not rows.empty:
+            r = rows.iloc[0]
+            summary = {FRACTION_PRUNED: round(float(fraction), 4), BATCH_SIZE: largest,
+                       SPEEDUP: round(float(r.speedup), 4), IDEAL_SPEEDUP: round(float(r.ideal_speedup_flops), 4)}
     for r in table[table.batch_size == largest].itertuples():
-        if r.model != UNPRUNED_MODEL:
-            summary.setdefault(f"{r.phase}@batch{largest}-{r.precision}", {})[r.model] = {
-                "speedup": round(float(r.speedup), 4), "ideal_speedup_flops": round(float(r.ideal_speedup_flops), 4),
-                "ideal_speedup_kv": round(float(r.ideal_speedup_kv), 4),
-                "kv_bytes_per_token": round(float(r.kv_bytes_per_token), 1)}
         if r.phase == DECODE:
             log.info("benchmark: %s, decode at batch %d, %s %s: %.0f tokens/s, speedup %.3f (ideal %.3f from FLOPs, "
                      "%.3f from KV bytes), %.0f KV bytes/token", r.model, largest, r.device, r.precision,

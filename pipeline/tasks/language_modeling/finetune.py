@@ -7,9 +7,9 @@ import time
 
 from transformers import LlamaConfig
 
-from pipeline.files.schema import EVAL_SPLITS, PERPLEXITY, TASK_METRIC
+from pipeline.files.schema import EVAL_SPLITS
 from pipeline.run.experiment import Experiment, log
-from pipeline.run.task import Finetuned
+from pipeline.run.task import Finetuned, training_summary
 from pipeline.tasks.language_modeling.llama import new_llama
 from pipeline.tasks.language_modeling.perplexity import unigram_perplexity
 from pipeline.tasks.language_modeling.training import LanguageModelTrainConfig, train_language_model
@@ -34,7 +34,5 @@ def finetune(exp: Experiment) -> Finetuned:
     unigram = unigram_perplexity(train, test, model.config.vocab_size)
     log.info("finetune: perplexity dev %.2f, test %.2f (unigram baseline on test %.2f; %d steps, %.0f s)",
              scores["dev"], scores["test"], unigram, len(losses), seconds)
-    return Finetuned(model, {TASK_METRIC: PERPLEXITY, **scores, "test_unigram": unigram, "texts": task["texts"],
-                             "tokens": task["tokens"], "train_steps": len(losses),
-                             "train_loss_last": losses[-1] if losses else None, "train_seconds": round(seconds)},
-                     losses)
+    return Finetuned(model, {**scores, **training_summary(losses, seconds)}, losses,
+                     about={"test_unigram": unigram, "texts": task["texts"], "tokens": task["tokens"]})

@@ -65,6 +65,15 @@ class LanguageModelingTask(Task):
                 **{f"{f:.0%} of heads ({pp.unit})": exp.pruned_dir(f) for f in pp.save_fractions},
                 **{kv_groups_label(f): exp.kv_groups_dir(f) for f in pp.kv_group_fractions}}
 
+    def headline_model(self) -> tuple[str, float] | None:
+        """The label and the fraction of query heads removed of the most pruned saved model, the one benchmark.json
+        and zero_shot.json quote (a tie goes to the serving shape, whole key/value groups removed); None: none saved.
+        """
+        pp = self.exp.params.prune
+        saved = [*((f"{f:.0%} of heads ({pp.unit})", f) for f in pp.save_fractions),
+                 *((kv_groups_label(f), f) for f in pp.kv_group_fractions)]
+        return max(reversed(saved), key=lambda pair: pair[1]) if saved else None
+
     def extra_tables(self, evaluator: CurveEvaluator, importance: list, criteria: dict, counts: list[int],
                      choice: HeadChoice, lap: Callable[[str], None]) -> dict[str, pd.DataFrame]:
         """With prune.compare_units under grouped-query attention: the importance, random and criteria curves again

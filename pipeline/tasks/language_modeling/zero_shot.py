@@ -50,9 +50,14 @@ from pipeline.data.readers import load_trec, read_rotten_tomatoes_ratings
 from pipeline.files.atomic import staged_dir
 from pipeline.files.schema import (
     DEFAULT,
+    FRACTION_PRUNED,
     GENERATIONS_TABLE,
+    PRUNED_METRIC,
+    RECOVERED_METRIC,
     TABLE_COLUMNS,
     TASK_MODEL,
+    UNPRUNED_METRIC,
+    UNPRUNED_MODEL,
     ZERO_SHOT_DIR,
     ZERO_SHOT_TABLE,
 )
@@ -268,9 +273,14 @@ def zero_shot_accuracy(
 def models(exp: Experiment) -> dict:
     """The models to read, by label: the unpruned and saved pruned ones, then each recovered one."""
     saved = exp.task.saved_models()
-    recovered = {f"{label}, recovered ({exp.params.recover.method})": exp.recovered_root / path.name
+    recovered = {recovered_label(exp, label): exp.recovered_root / path.name
                  for label, path in list(saved.items())[1:] if (exp.recovered_root / path.name).is_dir()}
     return {**saved, **recovered}
+
+
+def recovered_label(exp: Experiment, label: str) -> str:
+    """The label of the saved model `label` after recovery fine-tuning: "33% of KV groups, recovered (lora)"."""
+    return f"{label}, recovered ({exp.params.recover.method})"
 
 
 @torch.inference_mode()
@@ -294,7 +304,7 @@ def zero_shot(exp: Experiment) -> tuple[dict[str, pd.DataFrame], dict]:
     except ValueError as error:  # a tokenizer trained from scratch here ends every text with </s>
         log.warning("zero_shot: no zero-shot accuracy or completions for %s: %s", exp.task_info()[TASK_MODEL], error)
         return ({ZERO_SHOT_TABLE: pd.DataFrame(columns=TABLE_COLUMNS[ZERO_SHOT_TABLE]),
-                 GENERATIONS_TABLE: pd.DataFrame(columns=TABLE_COLUMNS[GENERATIONS_TABLE])}, {"mean_accuracy": {}})
+                 GENERATIONS_TABLE: pd.DataFrame(columns=TABLE_COLUMNS[GENERATIONS_TABLE])}, {})
     tables, generated = [], []
     # lm-eval's task YAMLs name their data by absolute path, so they are written here, beside no output, for the
     # samples that prepare wrote into the data folder.
@@ -312,7 +322,21 @@ def zero_shot(exp: Experiment) -> tuple[dict[str, pd.DataFrame], dict]:
             log.info("zero_shot: %s: %s", label, ", ".join(f"{r.task} {100 * r.value:.1f}%"
                                                          for r in accuracy.itertuples()))
     table = pd.concat(tables, ignore_index=True)[["model", "task", "metric", "value", "stderr", "items"]]
-    # The headline for `dvc metrics`: each model's mean accuracy (lm-eval's acc) over the tasks.
     accuracy = table[table["metric"] == "acc"]
-    return ({ZERO_SHOT_TABLE: table, GENERATIONS_TABLE: pd.DataFrame(generated)}, {"mean_accuracy": {
-        label: round(float(rows["value"].mean()), 4) for label, rows in accuracy.groupby("model", sort=False)}})
+    mean = {label: round(float(rows["value"].mean()), 4) for label, rows in accuracy.groupby("model", sort=False)}
+    return {ZERO_SHOT_TABLE: table, GENERATIONS_TABLE: pd.DataFrame(generated)}, headline_accuracy(exp, mean)
+
+
+def headline_accuracy(exp: Experiment, mean: dict[str, float]) -> dict:
+    """zero_shot.json, the headline for `dvc metrics`: the mean accuracy (lm-eval's acc over the tasks) of the unpruned
+    model, of the most pruned saved one (`headline_model`, as benchmark.json's) and of it recovered. Numbers only: a
+    model not read is left out."""
+    summary = {UNPRUNED_METRIC: mean[UNPRUNED_MODEL]} if UNPRUNED_MODEL in mean else {}
+    headline = exp.task.headline_model()
+    if headline is not None:
+        label, fraction = headline
+        if label in mean:
+            summary.update({PRUNED_METRIC: mean[label], FRACTION_PRUNED: round(float(fraction), 4)})
+        if (recovered := recovered_label(exp, label)) in mean:
+            summary[RECOVERED_METRIC] = mean[recovered]
+    return summary

@@ -51,4 +51,4 @@ def benchmark(exp: Experiment, each: list[Runtime]) -> tuple[dict[str, pd.DataFr
                  100 * r.fraction_pruned, r.batch_size, r.attn_implementation, r.device, r.precision,
                  r.examples_per_s, r.speedup, r.ideal_speedup)
     return ({BENCHMARK_TABLE: table, BUDGETED_BENCHMARK_TABLE: budgeted},
-            headline_speedups(table, budgeted, largest))
+            headline_speedups(table, budgeted, largest, b.attn_implementations[0], exp.runtime.precision))

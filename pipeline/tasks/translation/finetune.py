@@ -9,9 +9,9 @@ import time
 from transformers import MarianConfig
 
 from pipeline.files.atomic import staged_dir
-from pipeline.files.schema import BLEU, EVAL_SPLITS, TASK_METRIC, checkpoint_name
+from pipeline.files.schema import EVAL_SPLITS, checkpoint_name
 from pipeline.run.experiment import Experiment, log
-from pipeline.run.task import Finetuned
+from pipeline.run.task import Finetuned, training_summary
 from pipeline.tasks.translation.bleu import bleu
 from pipeline.tasks.translation.marian import new_marian
 from pipeline.tasks.translation.training import TranslationTrainConfig, train_translation
@@ -47,7 +47,5 @@ def finetune(exp: Experiment) -> Finetuned:
         scores[split], signature = bleu(hypotheses, task_eval.references)
     log.info("finetune: BLEU dev %.2f, test %.2f (beam %d; %d steps, %.0f s)", scores["dev"], scores["test"],
              p.translate.num_beams, len(losses), seconds)
-    return Finetuned(model, {TASK_METRIC: BLEU, **scores, "bleu_signature": signature,
-                             "num_beams": p.translate.num_beams, "train_steps": len(losses),
-                             "train_loss_last": losses[-1] if losses else None, "train_seconds": round(seconds)},
-                     losses)
+    return Finetuned(model, {**scores, **training_summary(losses, seconds)}, losses,
+                     about={"bleu_signature": signature, "num_beams": p.translate.num_beams})

@@ -15,7 +15,7 @@ from pipeline.core.importance import HeadChoice
 from pipeline.data.evaluation import TaskEval
 from pipeline.files.artifacts import MissingArtifact, reading
 from pipeline.files.atomic import staged_dir
-from pipeline.files.schema import FAIRSEQ_CHECKPOINT, RANK_CORRELATION, SCRATCH, TRANSLATION
+from pipeline.files.schema import FAIRSEQ_CHECKPOINT, RANK_CORRELATION_TABLE, SCRATCH, TABLE_COLUMNS, TRANSLATION
 from pipeline.methods.pruning import CurveEvaluator, checkpoint_curves, kind_curves
 from pipeline.run.experiment import log
 from pipeline.run.task import Batch, Task
@@ -116,21 +116,23 @@ class TranslationTask(Task):
 
     # --- the prune stage's figures 5 and 6 ---------------------------------------------------------------
     def extra_curves(self, evaluator: CurveEvaluator, order: list, levels: list[float], counts: list[int],
-                     importance: list, choice: HeadChoice, lap) -> tuple[list[pd.DataFrame], dict]:
+                     importance: list, choice: HeadChoice, lap) -> tuple[list[pd.DataFrame], dict[str, pd.DataFrame]]:
         exp = self.exp
         p, pp = exp.params, exp.params.prune
-        curves, summary = [], {}
+        curves, correlation = [], {}
         if pp.by_kind:
             curves += kind_curves(evaluator, order, levels, choice)
             lap("curves by attention kind")
         if pp.checkpoints:
             loaders = {step: functools.partial(self.load, path) for step, path in exp.checkpoint_dirs().items()}
-            by_step, summary[RANK_CORRELATION] = checkpoint_curves(
+            by_step, correlation = checkpoint_curves(
                 loaders, evaluator, self.score_batches(), counts, importance, p.score.normalize_p, choice,
                 log=lambda line: log.info("prune: %s", line))
             curves += by_step
             lap("checkpoint curves")
-        return curves, summary
+        # Figure 6's rank correlations, one row per checkpoint (no rows without prune.checkpoints).
+        rows = [{"step": int(step), "spearman": rho} for step, rho in correlation.items()]
+        return curves, {RANK_CORRELATION_TABLE: pd.DataFrame(rows, columns=TABLE_COLUMNS[RANK_CORRELATION_TABLE])}
 
 
 TASK = TranslationTask
