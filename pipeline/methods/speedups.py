@@ -4,6 +4,8 @@ throughput tables (classification and translation). The tables hold every model,
 
 from __future__ import annotations
 
+import logging
+
 import pandas as pd
 
 from pipeline.files.schema import (
@@ -50,3 +52,12 @@ def headline_speedups(table: pd.DataFrame, budgeted: pd.DataFrame, batch_size: i
         if found := _headline(saved, BUDGET_REMOVED):
             summary[BUDGETED_SUMMARY] = found
     return summary
+
+
+def log_speedups(table: pd.DataFrame, batch_size: int) -> None:
+    """One line per model of a throughput table at `batch_size`: examples/s, speedup and its ideal."""
+    for r in table[table.batch_size == batch_size].itertuples():
+        logging.getLogger("pipeline").info(
+            "benchmark: %.0f%% pruned, batch %d, %s, %s %s: %.1f examples/s, speedup %.3f (ideal %.3f)",
+            100 * r.fraction_pruned, r.batch_size, r.attn_implementation, r.device, r.precision, r.examples_per_s,
+            r.speedup, r.ideal_speedup)

@@ -112,6 +112,16 @@ class Task:
     def pad_token_id(self) -> int:
         return self.exp.tokenizer().pad_token_id
 
+    def pruned_models(self, attn_implementation: str) -> dict[float, nn.Module]:
+        """The unpruned model and those of prune.save_fractions, by the share of heads pruned, running
+        `attn_implementation`: what the benchmark stage times side by side."""
+        exp = self.exp
+        dirs = {0.0: exp.finetuned_dir, **{f: exp.pruned_dir(f) for f in exp.params.prune.save_fractions}}
+        models = {f: self.load(d) for f, d in dirs.items()}
+        for model in models.values():
+            model.set_attn_implementation(attn_implementation)
+        return models
+
     # --- data and evaluation -------------------------------------------------------------------------
     def sample_batches(self, max_examples: int | None, skip: int = 0) -> list[Batch]:
         """Labelled batches (score.batch_size) of a seeded subset of `score.split` (None: all of it); a smaller

@@ -20,7 +20,7 @@ from pipeline.files.schema import (
     TABLE_COLUMNS,
 )
 from pipeline.methods.bench import floor_model, forward_memory_mb, measure_throughput
-from pipeline.methods.speedups import headline_speedups
+from pipeline.methods.speedups import headline_speedups, log_speedups
 from pipeline.run.experiment import Experiment, log
 
 
@@ -69,12 +69,9 @@ def budgeted_models(exp: Experiment, levels: list[float]) -> dict[tuple[float, s
 def benchmark(exp: Experiment, each: list[Runtime]) -> tuple[dict[str, pd.DataFrame], dict]:
     """(benchmark.csv and benchmark_budgeted.csv, benchmark.json) at each runtime of `each`."""
     b = exp.params.benchmark
-    dirs = {0.0: exp.finetuned_dir, **{f: exp.pruned_dir(f) for f in exp.params.prune.save_fractions}}
     tables = []
     for impl in b.attn_implementations:
-        models = {f: exp.load(d) for f, d in dirs.items()}
-        for model in models.values():
-            model.set_attn_implementation(impl)
+        models = exp.task.pruned_models(impl)
         # Timed beside Table 4's models: the work no pruning removes, and so each one's Amdahl estimate.
         floor = floor_model(models[0.0])
         tables += [classification(exp, models, runtime, floor) for runtime in each]
@@ -99,9 +96,6 @@ def benchmark(exp: Experiment, each: list[Runtime]) -> tuple[dict[str, pd.DataFr
                  r.batch_size, r.attn_implementation, r.device, r.precision, r.speedup, r.speedup_min,
                  r.speedup_max, r.ideal_speedup, r.amdahl_speedup)
     largest = max(b.batch_sizes)
-    for r in table[table.batch_size == largest].itertuples():
-        log.info("benchmark: %.0f%% pruned, batch %d, %s, %s %s: %.1f examples/s, speedup %.3f (ideal %.3f)",
-                 100 * r.fraction_pruned, r.batch_size, r.attn_implementation, r.device, r.precision,
-                 r.examples_per_s, r.speedup, r.ideal_speedup)
+    log_speedups(table, largest)
     return ({BENCHMARK_TABLE: table, BUDGETED_BENCHMARK_TABLE: budgeted},
             headline_speedups(table, budgeted, largest, b.attn_implementations[0], exp.runtime.precision))

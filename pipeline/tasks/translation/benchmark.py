@@ -9,8 +9,8 @@ import torch
 from pipeline.core.runtime import Runtime
 from pipeline.files.schema import BENCHMARK_TABLE, BUDGETED_BENCHMARK_TABLE, TABLE_COLUMNS
 from pipeline.methods.bench import measure_generation
-from pipeline.methods.speedups import headline_speedups
-from pipeline.run.experiment import Experiment, log
+from pipeline.methods.speedups import headline_speedups, log_speedups
+from pipeline.run.experiment import Experiment
 from pipeline.tasks.translation.marian import collate_pairs
 
 
@@ -36,19 +36,13 @@ def translation(exp: Experiment, models: dict, runtime: Runtime) -> pd.DataFrame
 def benchmark(exp: Experiment, each: list[Runtime]) -> tuple[dict[str, pd.DataFrame], dict]:
     """(benchmark.csv, an empty benchmark_budgeted.csv, benchmark.json) at each runtime of `each`."""
     b = exp.params.benchmark
-    dirs = {0.0: exp.finetuned_dir, **{f: exp.pruned_dir(f) for f in exp.params.prune.save_fractions}}
     tables = []
     for impl in b.attn_implementations:
-        models = {f: exp.load(d) for f, d in dirs.items()}
-        for model in models.values():
-            model.set_attn_implementation(impl)
+        models = exp.task.pruned_models(impl)
         tables += [translation(exp, models, runtime) for runtime in each]
     table = pd.concat(tables, ignore_index=True)
     budgeted = pd.DataFrame(columns=TABLE_COLUMNS[BUDGETED_BENCHMARK_TABLE])
     largest = max(b.batch_sizes)
-    for r in table[table.batch_size == largest].itertuples():
-        log.info("benchmark: %.0f%% pruned, batch %d, %s, %s %s: %.1f examples/s, speedup %.3f (ideal %.3f)",
-                 100 * r.fraction_pruned, r.batch_size, r.attn_implementation, r.device, r.precision,
-                 r.examples_per_s, r.speedup, r.ideal_speedup)
+    log_speedups(table, largest)
     return ({BENCHMARK_TABLE: table, BUDGETED_BENCHMARK_TABLE: budgeted},
             headline_speedups(table, budgeted, largest, b.attn_implementations[0], exp.runtime.precision))
