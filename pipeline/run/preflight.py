@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.config.params import AnyParams, ParamsError, TranslationParams, load_params
+from pipeline.config.params import ExperimentSection, ParamsError, load_params
 from pipeline.core.levels import AttentionShape, LevelError, heads_to_save
 from pipeline.data.inputs import (
     DEFAULT_SHAPES,
@@ -22,6 +23,9 @@ from pipeline.data.inputs import (
     translation_source_problems,
 )
 from pipeline.files.schema import CLASSIFICATION, DEFAULT, LANGUAGE_MODELING, SCRATCH
+
+if TYPE_CHECKING:  # an annotation: no stage of another family depends on translation's params
+    from pipeline.tasks.translation.params import TranslationParams
 
 PREPARE = "prepare"  # the one stage that reads the user's model and data; the later stages read its outputs
 
@@ -50,7 +54,7 @@ def _fairseq_problems(params: TranslationParams) -> list[str]:
     return problems
 
 
-def attention_shape(params: AnyParams) -> AttentionShape | None:
+def attention_shape(params: ExperimentSection) -> AttentionShape | None:
     """The attention of the model the params name, where it is known before the model loads: a scratch model's
     shape params, a pinned default's, a local folder's config.json or GGUF header (None for a hub id)."""
     m = params.model
@@ -63,7 +67,7 @@ def attention_shape(params: AnyParams) -> AttentionShape | None:
     return model_shape(m.name_or_path)
 
 
-def level_problems(params: AnyParams) -> list[str]:
+def level_problems(params: ExperimentSection) -> list[str]:
     """The pruned models to save (prune.save_fractions, prune.kv_group_fractions) at levels the model's shape
     cannot take (pipeline/core/levels.py), when the shape is known here; the prune stage checks them all again."""
     shape, pp = attention_shape(params), params.prune
@@ -80,7 +84,7 @@ def level_problems(params: AnyParams) -> list[str]:
     return problems
 
 
-def input_problems(params: AnyParams) -> list[str]:
+def input_problems(params: ExperimentSection) -> list[str]:
     """Every problem with the model and the data that the params name, one line each (none for the defaults)."""
     d, m = params.data, params.model
     if params.task == LANGUAGE_MODELING:
