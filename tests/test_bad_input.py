@@ -7,6 +7,7 @@ torch imported before the line appears.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -199,8 +200,8 @@ def test_a_gemma_3_text_folder_passes_the_family_check_and_the_multimodal_gemma_
         (Path(name) / "config.json").write_text(json.dumps({"model_type": model_type}))
         save_file({"weight": torch.zeros(1)}, Path(name) / "model.safetensors")
         (Path(name) / "tokenizer.json").write_text("{}")
-    assert problems(model={"name_or_path": "gemma"}) == []
-    assert only(problems(model={"name_or_path": "gemma-vision"})).startswith(
+    assert lm_problems("gemma") == []
+    assert only(lm_problems("gemma-vision")).startswith(
         "model.name_or_path: gemma-vision is a gemma3 model, which the head-surgery core does not support")
 
 
@@ -311,24 +312,24 @@ def tiny_gguf(tmp_path_factory) -> Path:
 def test_a_gguf_file_and_a_folder_holding_one_pass_the_checks_for_prepare_converts_them(project, tiny_gguf):
     Path("llm").mkdir()
     (Path("llm") / "model.gguf").symlink_to(tiny_gguf)
-    assert problems(model={"name_or_path": "llm/model.gguf"}) == []
-    assert problems(model={"name_or_path": "llm"}) == []
+    assert lm_problems("llm/model.gguf") == []
+    assert lm_problems("llm") == []
 
 
 def test_a_gguf_file_that_prepare_could_not_convert_is_named_in_one_line(project, tiny_gguf):
     Path("fake.gguf").write_bytes(b"PK\x03\x04")
-    assert only(problems(model={"name_or_path": "fake.gguf"})) == (
+    assert only(lm_problems("fake.gguf")) == (
         "model.name_or_path: fake.gguf is not a GGUF file (it does not start with GGUF)")
     from tests.tiny_gguf import tiny_gqa_llama, write_tiny_gguf
 
     write_tiny_gguf(Path("bare.gguf"), tiny_gqa_llama(), tokenizer=False)
-    assert only(problems(model={"name_or_path": "bare.gguf"})) == (
+    assert only(lm_problems("bare.gguf")) == (
         "model.name_or_path: bare.gguf holds no tokenizer (no tokenizer.ggml.* metadata), which prepare needs to "
         "convert it into a model folder")
     Path("two").mkdir()
     for name in ("a.gguf", "b.gguf"):
         (Path("two") / name).symlink_to(tiny_gguf)
-    assert only(problems(model={"name_or_path": "two"})).startswith(
+    assert only(lm_problems("two")).startswith(
         "model.name_or_path: two is not a model folder: it has no config.json (found: a.gguf, b.gguf); expected a "
         "Hugging Face model folder (save_pretrained's) or a folder holding one .gguf file")
 
@@ -452,3 +453,97 @@ def test_prepare_refuses_a_quantized_checkpoint_in_one_line_before_torch_loads_a
                                "quantization_config, quant_method gptq)")
     assert "| torch" not in result.stderr and "| transformers" not in result.stderr
     assert not (project / "artifacts").exists()
+
+
+# --- what each family accepts (its inputs module's ACCEPTS) ---------------------------------------------------------
+
+
+def tiny_gpt2(name: str) -> str:
+    """A random 2-layer GPT-2 folder with the tiny model's tokenizer: a family the core prunes, for language
+    modelling."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained("tiny_model")
+    config = transformers.GPT2Config(vocab_size=tokenizer.vocab_size, n_embd=16, n_layer=2, n_head=4, n_inner=24,
+                                     n_positions=32, bos_token_id=0, eos_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(name)
+    tokenizer.save_pretrained(name)
+    return name
+
+
+def assert_refused_in_one_line_with_nothing_written(result: subprocess.CompletedProcess, project: Path) -> str:
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert not (project / "artifacts").exists() and not (project / "reports").exists()
+    return result.stderr.removeprefix("error: ").rstrip("\n")
+
+
+def test_a_gpt2_folder_in_the_classification_pipeline_is_refused_in_one_line_with_nothing_written(project):
+    problems(model={"name_or_path": tiny_gpt2("gpt2")})
+    line = assert_refused_in_one_line_with_nothing_written(run(["-m", "stages.prepare"], project), project)
+    assert line == ("model.name_or_path: gpt2 is a gpt2 model, which the classification task does not take; allowed: "
+                    "bert, distilbert, electra, mpnet, roberta")
+
+
+def test_a_class_with_a_single_row_is_refused_in_one_line_with_nothing_written(project):
+    problems(data={"source": write_csv("single.csv", [*balanced(), ("odd film", 2)])})
+    line = assert_refused_in_one_line_with_nothing_written(run(["-m", "stages.prepare"], project), project)
+    assert line == (
+        "data.label_column: single.csv: class '2' has 1 row(s) in column 'label'; the stratified split by "
+        "data.fractions [0.8, 0.1, 0.1] needs 7 rows of each class so that dev and test each hold at least 1 of it; "
+        "give more examples of it, or leave it out")
+
+
+def test_seven_rows_a_class_are_the_fewest_from_which_the_default_split_gives_dev_and_test_each_class(project):
+    from pipeline.tasks.classification.inputs import read_classification
+
+    for rows in (6, 7, 8, 9, 10):
+        write_csv("rare.csv", [*balanced(labels=("neg", "pos")), *[(f"rare film {i}", "rare") for i in range(rows)]])
+        found = problems(data={"source": "rare.csv"})
+        if rows < 7:
+            assert "class 'rare' has 6 row(s) in column 'label'" in only(found)
+            continue
+        assert found == []
+        task = read_classification("rare.csv", None, ["text"], "label", (0.8, 0.1, 0.1), seed=0)
+        rare = task.label_names.index("rare")
+        assert all(rare in task.ids[given][where] for given, where in task.plan.values())  # every split holds it
+
+
+def test_a_class_of_a_given_dev_file_needs_only_the_rows_that_carving_test_takes(project):
+    Path("given").mkdir()
+    write_csv("given/train.csv", [*balanced(), *[("rare film", 2)] * 5])
+    write_csv("given/dev.csv", balanced(n=10, labels=(0, 1, 2)))
+    assert problems(data={"source": "given"}) == []
+    write_csv("given/train.csv", [*balanced(), *[("rare film", 2)] * 4])
+    assert "class '2' has 4 row(s) in column 'label'; the stratified split by data.fractions [0.8, 0.1, 0.1] needs 5 " \
+           "rows of each class so that test holds at least 1 of it" in only(problems(data={"source": "given"}))
+
+
+def test_an_encoder_folder_is_refused_by_the_language_modelling_and_translation_pipelines(project):
+    assert only(lm_problems("tiny_model", save_fractions=[0.5], kv_group_fractions=[])) == (
+        "model.name_or_path: tiny_model is a bert model, which the language-modeling task does not take; allowed: "
+        "gemma3_text, gpt2, llama, mistral, opt, qwen2, qwen3")
+    params = yaml.safe_load((ROOT / "mt" / "params.yaml").read_text())
+    params["model"] = {"name_or_path": "tiny_model"}
+    Path("mt.yaml").write_text(yaml.safe_dump(params))
+    assert only(check_all("mt.yaml")).startswith(
+        "model.name_or_path: tiny_model is a bert model, which the translation task does not take; allowed: bart, "
+        "marian")
+    assert lm_problems(tiny_gpt2("gpt2"), save_fractions=[0.5], kv_group_fractions=[]) == []
+
+
+def test_each_family_takes_the_core_families_whose_head_its_stages_load():
+    """Classification takes the families with a sequence-classification head (the encoders), language modelling the
+    causal LMs, translation the generating encoder-decoders: tests/tiny_models.py builds each family with its head."""
+    from pipeline.config.tasks import TASK_PACKAGES
+    from pipeline.core.sites import FAMILIES
+    from pipeline.files.schema import CLASSIFICATION, LANGUAGE_MODELING, TRANSLATION
+    from tests.tiny_models import CONFIGS
+
+    heads = {CLASSIFICATION: ("ForSequenceClassification",), LANGUAGE_MODELING: ("ForCausalLM", "LMHeadModel"),
+             TRANSLATION: ("MTModel", "ForConditionalGeneration")}
+    for task, package in TASK_PACKAGES.items():
+        accepts = importlib.import_module(f"{package}.inputs").ACCEPTS
+        assert accepts.task == task and set(accepts.model_families) <= set(FAMILIES)
+        with_head = {t for t, (_, _, model_class) in CONFIGS.items() if model_class.__name__.endswith(heads[task])}
+        assert set(accepts.model_families) == with_head, task

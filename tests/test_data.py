@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 from transformers import BertTokenizerFast
 
-from pipeline.config.params import DataParams
 from pipeline.data import readers
 from pipeline.data.catalog import OFFLINE_TASKS
 from pipeline.files.schema import TASK_METRIC
@@ -30,6 +29,7 @@ from pipeline.tasks.classification.data import (
     stratified_split,
     tokenize_splits,
 )
+from pipeline.tasks.classification.params import DataParams
 
 # The real file's format: UTF-8, header, tab-separated, CRLF, curly quotes and a bare '"' in the text.
 RT_LINES = [

@@ -23,9 +23,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from pipeline.core.gguf import GGUFError, convert_gguf, local_gguf, read_metadata
 from pipeline.data.assets import LLM_MODEL, MODEL, sha256_file
-from pipeline.data.inputs import DEFAULT_SHAPES
 from pipeline.data.sources import materialize_model
 from pipeline.files.schema import DEFAULT
+from pipeline.tasks.language_modeling.inputs import DEFAULT_SHAPE
 from tests.tiny_gguf import BOS, EOS, tiny_gqa_llama, write_tiny_gguf
 from tests.tiny_project import ROOT
 
@@ -202,7 +202,7 @@ def test_the_pinned_smollm2_converts_to_a_stock_folder_with_the_gguf_logits(tmp_
     gguf_file = cache.parent / "assets" / Path(LLM_MODEL.member).name
     shape = read_metadata(gguf_file, ["llama.block_count", "llama.attention.head_count",
                                       "llama.attention.head_count_kv"])
-    expected = DEFAULT_SHAPES["language-modeling"]
+    expected = DEFAULT_SHAPE
     assert (len(expected.heads), expected.heads[0], expected.kv_heads[0]) == tuple(shape.values()) == (30, 9, 3)
     model, tokenizer = gguf_load(gguf_file)
     text = ["The capital of France is Paris. In 2024, 3 + 4 = 7.", "<|im_start|>user\nHello!<|im_end|>"]

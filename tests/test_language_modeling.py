@@ -19,7 +19,6 @@ from torch import nn
 
 from pipeline.config.params import ParamsError, parse_params
 from pipeline.core.importance import per_example_loss
-from pipeline.data.inputs import language_modeling_source_problems
 from pipeline.data.local_files import InputError
 from pipeline.data.subword import train_tokenizer
 from pipeline.files.schema import (
@@ -33,6 +32,7 @@ from pipeline.files.schema import (
 )
 from pipeline.methods.pruning import prunable_fraction
 from pipeline.tasks.language_modeling import data as lm_data
+from pipeline.tasks.language_modeling.inputs import language_modeling_source_problems
 from pipeline.tasks.language_modeling.llama import collate_texts, llama_config, new_llama, token_nll
 from pipeline.tasks.language_modeling.perplexity import LanguageModelEval, perplexity, unigram_perplexity
 from pipeline.tasks.language_modeling.training import LanguageModelTrainConfig, train_language_model

@@ -30,7 +30,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from pipeline.config.params import AnyParams, ParamsError, load_params
+from pipeline.config.params import ExperimentSection, ParamsError, load_params
 from pipeline.config.tasks import family_module
 from pipeline.config.trace import traced
 from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
@@ -67,7 +67,7 @@ def _stage_name() -> str:
 
 @dataclass(frozen=True)
 class Experiment:
-    params: AnyParams
+    params: ExperimentSection  # the root class of its family (pipeline/tasks/<family>/params.py)
     params_file: str = "params.yaml"
     resolved_runtime: Runtime | None = None  # `runtime` of the params resolved on this machine (from_params_file)
 

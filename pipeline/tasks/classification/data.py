@@ -27,10 +27,10 @@ import numpy as np
 import pandas as pd
 
 from pipeline.data.catalog import GLUE_EVAL_SPLITS, GLUE_TASKS, OFFLINE_READERS
-from pipeline.data.inputs import read_classification
 from pipeline.data.local_files import InputError, check_fractions, stratified_indices
 from pipeline.data.readers import load_disaster_tweets, load_rotten_tomatoes_snippets, load_trec
 from pipeline.files.schema import CLASSIFICATION_METRICS, SPLITS
+from pipeline.tasks.classification.inputs import read_classification
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from pipeline.config.params import DataParams
 from pipeline.data.assets import fetch_asset
 from pipeline.data.catalog import OFFLINE_TASKS
 from pipeline.data.sources import DEFAULT_MODEL_NAME, materialize_model
@@ -14,6 +13,7 @@ from pipeline.files.schema import DEFAULT, TASK_DATA, TASK_DATA_ATTRIBUTION, TAS
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.run.task import Prepared
 from pipeline.tasks.classification.data import TaskSpec, load_task, tokenize_splits
+from pipeline.tasks.classification.params import DataParams
 
 
 def task_spec(data: DataParams, cache_dir: Path) -> tuple[TaskSpec, str, str | None]:

