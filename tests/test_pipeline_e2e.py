@@ -164,6 +164,9 @@ def test_experiments_and_diffs_across_commits(repo):
     run([*git, "commit", "-qm", "baseline"], repo)
     run(["dvc", "exp", "run", "-S", "prune.step=0.25", "-n", "finer"], repo)
     assert "finer" in run(["dvc", "exp", "list", "--name-only"], repo)
+    # The experiment beside the baseline, as a reader compares them: its changed param and its headline metrics.
+    shown = run(["dvc", "exp", "show", "--only-changed", "--no-pager", "--md"], repo)
+    assert "finer" in shown and "prune.step" in shown and "failed to load" not in shown
     run(["dvc", "exp", "apply", "finer"], repo)
     assert "prune.step" in run(["dvc", "params", "diff"], repo)
     run(["dvc", "metrics", "diff"], repo)
