@@ -94,8 +94,8 @@ def test_budgeted_methods_meet_their_flop_budgets_and_reach_the_benchmark_and_re
     assert (repo / "artifacts" / "tiny" / "pruned" / "budgeted-40-unrounded").is_dir()
     seconds = pd.read_csv(reports / "prune_seconds.csv")
     assert seconds[(seconds.part == "whole_prune") & (seconds.level == 0.4)].seconds.iloc[0] > 0
-    budgeted = json.loads((reports / "budgeted.json").read_text())
-    assert budgeted["widths"]["multiple"] == 4 and "test@0.4" in budgeted["widths"]["unrounded"]
+    summary = json.loads((reports / "budgeted.json").read_text())
+    assert summary["widths"]["multiple"] == 4 and "test@0.4" in summary["widths"]["unrounded"]
     report = (reports / "report.md").read_text()
     assert "Beyond the paper: heads and FFN neurons under a FLOPs budget" in report
     assert "Kwon et al. (2022), reported" in report
