@@ -34,7 +34,7 @@ def test_auto_is_the_cpu_on_a_machine_without_a_gpu():
 @pytest.mark.parametrize(("runtime", "message"), [
     ({"device": "tpu"}, "runtime.device: must be auto, cpu, cuda or cuda:N (got 'tpu')"),
     ({"precision": "int4"}, "runtime.precision: Input should be 'fp32', 'bf16' or 'fp16' (got 'int4')"),
-    ({"devise": "cpu"}, "runtime.devise: unknown key; allowed here: device, precision"),
+    ({"devise": "cpu"}, "runtime.devise: unknown key; allowed here: device, precision, placement, max_memory"),
 ])
 def test_bad_runtime_values_are_refused_in_one_line_naming_the_key(runtime, message):
     with pytest.raises(ParamsError) as error:

@@ -27,6 +27,9 @@ from pipeline.files.schema import (
     EVAL_SPLITS,
     HEAD_CRITERIA,
     HEAD_UNITS,
+    MEMORY_KEY_PATTERN,
+    MEMORY_SIZE_PATTERN,
+    PLACEMENTS,
     PRECISIONS,
     SCORE_ESTIMATORS,
     SPLITS,
@@ -156,6 +159,7 @@ class PruneParams(Section):
 
 
 Precision = Literal[PRECISIONS]
+Placement = Literal[PLACEMENTS]
 
 
 class GenerationBenchmarkParams(Section):
@@ -177,6 +181,18 @@ def _a_device(v: str) -> str:
     return v
 
 
+def _a_memory_key(v: str) -> str:
+    if not re.fullmatch(MEMORY_KEY_PATTERN, v):
+        raise ValueError("must be a GPU index (0, 1, ...), cpu or disk")
+    return v
+
+
+def _a_size(v: str) -> str:
+    if not re.fullmatch(MEMORY_SIZE_PATTERN, v.strip()):
+        raise ValueError("must be a size such as 70GiB, 512MiB or 2TB")
+    return v
+
+
 class RuntimeParams(Section):
     """Where every stage runs its models (pipeline/core/runtime.py). `precision` changes results, so the stages
     declare it as a DVC param; `device` is an execution setting (EXECUTION_SETTINGS): the same params give the
@@ -184,11 +200,18 @@ class RuntimeParams(Section):
 
     device: Annotated[str, AfterValidator(_a_device)] = "auto"  # auto, cpu, cuda, cuda:N
     precision: Precision = "fp32"
+    # whole | sharded | layerwise (PLACEMENTS): how a model larger than one device runs; `python -m
+    # pipeline.checks` prints the memory plan that says which fits.
+    placement: Placement = "whole"
+    # accelerate's per-device caps for "sharded" (and the plan): {"0": "70GiB", "cpu": "200GiB", "disk": ...};
+    # empty: what each device has.
+    max_memory: dict[Annotated[str, AfterValidator(_a_memory_key)], Annotated[str, AfterValidator(_a_size)]] = {}
 
 
 # Params that say how to run, not what to compute: read by the stages, never declared as DVC params (the params
-# tracer does not record them), so changing them reruns nothing.
-EXECUTION_SETTINGS = frozenset({"runtime.device"})
+# tracer does not record them), so changing them reruns nothing. A placement gives the same results as "whole" up
+# to floating-point rounding (layerwise scoring replays the whole model's gradient layer by layer).
+EXECUTION_SETTINGS = frozenset({"runtime.device", "runtime.placement", "runtime.max_memory"})
 
 
 class ExperimentSection(Section):

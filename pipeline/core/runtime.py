@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.files.schema import DEVICES, PRECISIONS
+from pipeline.files.schema import DEVICES, PLACEMENTS, PRECISIONS
 
 DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
@@ -28,6 +28,13 @@ class RuntimeUnavailable(ValueError):
 class Runtime:
     device: torch.device = torch.device("cpu")
     precision: str = "fp32"
+    placement: str = "whole"  # one of PLACEMENTS: whole, sharded (accelerate's device_map), layerwise
+    max_memory: tuple[tuple[str, str], ...] = ()  # accelerate's caps as (device, size) pairs; empty: no cap
+
+    @property
+    def memory_caps(self) -> dict[int | str, str]:
+        """`max_memory` as accelerate takes it: GPU indices as ints, "cpu" and "disk" as names."""
+        return {int(key) if key.isdigit() else key: size for key, size in self.max_memory}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -74,9 +81,12 @@ class Runtime:
 CPU_FP32 = Runtime()  # the library's default: what a test or a notebook gets without asking
 
 
-def resolve_runtime(device: str = "auto", precision: str = "fp32") -> Runtime:
-    """The `Runtime` of the params' `runtime.device` and `runtime.precision` on this machine, or one line
-    (`RuntimeUnavailable`) saying why this machine cannot run it."""
+def resolve_runtime(device: str = "auto", precision: str = "fp32", placement: str = "whole",
+                    max_memory: dict[str, str] | None = None) -> Runtime:
+    """The `Runtime` of the params' `runtime` section on this machine, or one line (`RuntimeUnavailable`) saying
+    why this machine cannot run it."""
+    if placement not in PLACEMENTS:
+        raise RuntimeUnavailable(f"runtime.placement: {placement!r} is not one of {', '.join(PLACEMENTS)}")
     if precision not in DTYPES:
         raise RuntimeUnavailable(f"runtime.precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     has_cuda = torch.cuda.is_available()
@@ -105,4 +115,4 @@ def resolve_runtime(device: str = "auto", precision: str = "fp32") -> Runtime:
     if precision == "bf16" and resolved.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise RuntimeUnavailable(f"runtime.precision: bf16 is not supported by {torch.cuda.get_device_name(resolved)}"
                                  f"; use fp16 or fp32")
-    return Runtime(resolved, precision)
+    return Runtime(resolved, precision, placement, tuple(sorted((max_memory or {}).items())))

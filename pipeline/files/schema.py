@@ -38,6 +38,13 @@ RECOVERY_METHODS = ("lora", "full")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = "auto, cpu, cuda or cuda:N"  # auto: the GPU when there is one
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
+# How a model too large for one device runs (runtime.placement): "whole" on runtime.device; "sharded" across the
+# node's GPUs (and CPU, then disk) by accelerate's device_map="auto" within runtime.max_memory; "layerwise" one
+# decoder layer at a time on the device, the rest on the CPU, the calibration activations carried forward.
+PLACEMENTS = ("whole", "sharded", "layerwise")
+# runtime.max_memory's keys, accelerate's: a GPU index, "cpu" or "disk"; its values a size such as "70GiB".
+MEMORY_KEY_PATTERN = r"[0-9]+|cpu|disk"
+MEMORY_SIZE_PATTERN = r"[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)"
 BLEU = "bleu"
 PERPLEXITY = "perplexity"
 

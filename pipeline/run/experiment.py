@@ -88,7 +88,7 @@ class Experiment:
         datasets.disable_progress_bars()
         try:
             params = load_params(path)
-            runtime = resolve_runtime(params.runtime.device, params.runtime.precision)
+            runtime = resolve_runtime(**params.runtime.model_dump())
         except (ParamsError, RuntimeUnavailable) as error:
             raise SystemExit(f"error: {error}") from None
         return cls(traced(params, _stage_name()), str(path), runtime)
@@ -100,7 +100,8 @@ class Experiment:
         precision = self.params.runtime.precision  # read here, so that the params tracer sees the stage read it
         if self.resolved_runtime is not None:
             return self.resolved_runtime
-        return resolve_runtime(self.params.runtime.device, precision)
+        return resolve_runtime(self.params.runtime.device, precision, self.params.runtime.placement,
+                               self.params.runtime.max_memory)
 
     # --- paths -------------------------------------------------------------------------------------
     @property
