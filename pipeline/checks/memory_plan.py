@@ -240,7 +240,8 @@ def prune_estimate(shape: DecoderShape, p: LanguageModelingParams) -> StageEstim
             + (f", {passes} scoring pass{'es' if passes > 1 else ''}" if passes else ""))
     if sum(b.total for b in evaluating) > scoring.total:
         return StageEstimate("prune", tuple(evaluating), carried_bytes=0, note=note, flops=flops,
-                             parts=_parts(evaluating, shape, activations=sum(b.work_bytes for b in evaluating)))
+                             parts=_parts(evaluating, shape,
+                                          copies_and_activations=sum(b.work_bytes for b in evaluating)))
     return StageEstimate("prune", scoring.blocks, scoring.carried_bytes, note=note, flops=flops, parts=scoring.parts)
 
 
