@@ -10,8 +10,7 @@ if __name__ == "__main__":  # the params in a second or two, before the imports 
 
 import pandas as pd
 
-from pipeline.core.importance import head_importance, normalize_per_layer, token_head_importance
-from pipeline.core.sites import attention_sites
+from pipeline.core.importance import normalize_per_layer
 from pipeline.files.atomic import write_csv
 from pipeline.files.schema import IMPORTANCE_TABLE
 from pipeline.run.experiment import Experiment, log
@@ -20,14 +19,11 @@ from pipeline.run.experiment import Experiment, log
 def main(argv: list[str] | None = None) -> None:
     exp = Experiment.from_cli(argv)
     p = exp.params
-    model = exp.load(exp.finetuned_dir)
     batches = exp.task.score_batches()
-    with exp.runtime.autocast():  # gates and their gradient sums stay fp32 (pipeline/core/gates.py)
-        raw = (token_head_importance(model, batches)[0] if p.score.estimator == "token"
-               else head_importance(model, batches))
+    sites, raw = exp.task.head_importance(exp.finetuned_dir, batches)  # under runtime.placement
     normalised = normalize_per_layer(raw, p.score.normalize_p)
     rows = [dict(kind=site.kind, layer=site.layer, head=head, importance=float(n), importance_raw=float(r))
-            for site, n_site, r_site in zip(attention_sites(model), normalised, raw, strict=True)
+            for site, n_site, r_site in zip(sites, normalised, raw, strict=True)
             for head, (n, r) in enumerate(zip(n_site, r_site, strict=True))]
     table = pd.DataFrame(rows)
     write_csv(exp.reports / IMPORTANCE_TABLE, table)

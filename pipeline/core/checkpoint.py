@@ -333,3 +333,32 @@ def load_model(path: str | Path, model_class: type | None = None, trust_remote_c
                          f"unexpected {unexpected[:5]}")
     model.tie_weights()
     return model.eval()
+
+
+def model_skeleton(path: str | Path, trust_remote_code: bool = False, **kwargs) -> nn.Module:
+    """The model `load_model` builds from the folder `path`, pruned to its record's shape, with every parameter on
+    the meta device: the structure and no weights, for code that reads the weights from the folder's safetensors
+    one part at a time (pipeline/core/layerwise.py). Buffers are real (accelerate's `init_empty_weights` leaves
+    them), so rotary frequencies are computed as a whole load computes them. In eval mode."""
+    from accelerate import init_empty_weights  # only this path needs accelerate, which is slow to import
+
+    local = Path(path)
+    record_file = local / PRUNING_FILE
+    record = None
+    if record_file.exists():
+        with reading(record_file, ValueError):
+            try:
+                record = json.loads(record_file.read_text())
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
+            _format_version(record, record_file)
+    config = transformers.AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
+    with init_empty_weights():
+        model = _model_class(config)._from_config(config, **kwargs)
+    if record is not None:
+        with reading(record_file, ValueError):
+            if record.get(STOCK):  # the config already says the pruned shape
+                _annotate_stock_load(model, record, record_file)
+            else:  # surgery on meta tensors: the shapes change, no weight is read
+                apply_pruning_record(model, record, record_file)
+    return model.eval()

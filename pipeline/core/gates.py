@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.sites import AttentionSite, attention_sites, ffn_sites
 
 
 class Gates(list):
@@ -99,14 +99,17 @@ def _gate_inputs(model: nn.Module, targets: Sequence[tuple[nn.Linear, int, int]]
 
 
 @contextmanager
-def head_gates(model: nn.Module, requires_grad: bool = False) -> Iterator[Gates]:
+def head_gates(model: nn.Module, requires_grad: bool = False, sites: Sequence[AttentionSite] | None = None
+               ) -> Iterator[Gates]:
     """Attach a gate to every head of `model` for the duration of the block.
 
     Yields a `Gates` list with one all-ones 1-D float tensor per site (in `attention_sites`
     order). With every gate at 1 the outputs are bit-identical to the ungated model; 0 masks a head.
-    Leaving the block removes every hook.
+    Leaving the block removes every hook. `sites`: gate only these, which lie inside `model` (one decoder layer
+    run on its own, pipeline/core/layerwise.py; the gates take `model`'s device and dtype).
     """
-    targets = [(site.out_proj, site.num_heads, site.layout.batch_dim) for site in attention_sites(model)]
+    sites = attention_sites(model) if sites is None else sites
+    targets = [(site.out_proj, site.num_heads, site.layout.batch_dim) for site in sites]
     with _gate_inputs(model, targets, requires_grad) as gates:
         yield gates
 

@@ -64,6 +64,21 @@ def frozen_for_gate_gradients(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def example_gate_sums(leaves: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per site, sum_x |dL(x)/d(xi_h)| over a batch, from its per-example gates (`Gates.per_example`) after the
+    backward pass: `head_importance`'s terms, and layer by layer the same (pipeline/core/layerwise.py)."""
+    return [gate_grad(leaf).abs().sum(dim=0) for leaf in leaves]
+
+
+def token_gate_sums(leaves: Sequence[torch.Tensor], real: torch.Tensor) -> tuple[list[torch.Tensor],
+                                                                                 list[torch.Tensor]]:
+    """Per site, from a batch's per-position gates (`Gates.per_position`) after the backward pass and its
+    `[batch, positions]` float mask of real tokens: (sum over real tokens of |dL(x)/d(xi_{h,t})|, sum over examples
+    of |sum_t dL(x)/d(xi_{h,t})|), `token_head_importance`'s terms."""
+    grads = [gate_grad(leaf) * real.unsqueeze(-1) for leaf in leaves]
+    return [g.abs().sum(dim=(0, 1)) for g in grads], [g.sum(dim=1).abs().sum(dim=0) for g in grads]
+
+
 def head_importance(
     model: nn.Module,
     batches: Iterable[Mapping[str, torch.Tensor]],
@@ -82,7 +97,7 @@ def head_importance(
             size = batch["labels"].shape[0]
             leaves = gates.per_example(size)
             per_example_loss(model, batch).sum().backward()
-            grads = [gate_grad(leaf).abs().sum(dim=0) for leaf in leaves]
+            grads = example_gate_sums(leaves)
             totals = grads if totals is None else [t + g for t, g in zip(totals, grads, strict=True)]
             examples += size
     if totals is None:
@@ -114,9 +129,7 @@ def token_head_importance(
             real = batch.get("attention_mask", torch.ones(size, length, device=device)).to(torch.float32)
             leaves = gates.per_position(size, length)
             per_example_loss(model, batch).sum().backward()
-            grads = [gate_grad(leaf) * real.unsqueeze(-1) for leaf in leaves]
-            token_sums = [g.abs().sum(dim=(0, 1)) for g in grads]
-            example_sums = [g.sum(dim=1).abs().sum(dim=0) for g in grads]
+            token_sums, example_sums = token_gate_sums(leaves, real)
             per_token = token_sums if per_token is None else [t + g for t, g in zip(per_token, token_sums,
                                                                                     strict=True)]
             per_example = example_sums if per_example is None else [t + g for t, g in zip(per_example, example_sums,

@@ -42,6 +42,7 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 # node's GPUs (and CPU, then disk) by accelerate's device_map="auto" within runtime.max_memory; "layerwise" one
 # decoder layer at a time on the device, the rest on the CPU, the calibration activations carried forward.
 PLACEMENTS = ("whole", "sharded", "layerwise")
+WHOLE, SHARDED, LAYERWISE = PLACEMENTS
 # runtime.max_memory's keys, accelerate's: a GPU index, "cpu" or "disk"; its values a size such as "70GiB".
 MEMORY_KEY_PATTERN = r"[0-9]+|cpu|disk"
 MEMORY_SIZE_PATTERN = r"[0-9]+(\.[0-9]+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)"

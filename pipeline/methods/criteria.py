@@ -14,14 +14,16 @@ site (higher: more important), so `rank_heads(scores, groups, unit)` and `select
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from pipeline.core.importance import head_importance
-from pipeline.core.sites import attention_sites
+from pipeline.core.layerwise import LayerwiseModel, carry_forward
+from pipeline.core.sites import AttentionSite, attention_sites
 from pipeline.files.schema import ACTIVATION, CROSS, HEAD_CRITERIA, MAGNITUDE, PAPER_IMPORTANCE
 
 MODEL_INPUTS = ("input_ids", "attention_mask")
@@ -62,6 +64,14 @@ def weight_magnitude(model: nn.Module, p: float = 2.0) -> list[torch.Tensor]:
     return scores
 
 
+def _head_output_norms(site: AttentionSite, heads_output: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`[num_heads]` float64: the sum over the real tokens (`mask`, `[batch, seq]` float) of the L2 norm of each
+    head's output, `heads_output` being the output projection's input `[..., heads * head_dim]`."""
+    heads = heads_output.float().unflatten(-1, (site.num_heads, site.head_dim)).norm(dim=-1)  # [b, s, heads]
+    tokens = mask if site.layout.batch_dim == 0 else mask.T
+    return (heads * tokens.unsqueeze(-1)).sum(dim=(0, 1)).double().cpu()
+
+
 @torch.inference_mode()
 def activation_norm(
     model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], progress: bool = True,
@@ -88,12 +98,8 @@ def activation_norm(
     mask: torch.Tensor | None = None  # the current batch's `[batch, seq]` token mask, read by the hooks
 
     def accumulate(index: int):
-        site = sites[index]
-
         def hook(_module: nn.Module, args: tuple) -> None:
-            heads = args[0].float().unflatten(-1, (site.num_heads, site.head_dim)).norm(dim=-1)  # [b, s, heads]
-            tokens = mask if site.layout.batch_dim == 0 else mask.T
-            totals[index] += (heads * tokens.unsqueeze(-1)).sum(dim=(0, 1)).double().cpu()
+            totals[index] += _head_output_norms(sites[index], args[0], mask)
 
         return hook
 
@@ -115,6 +121,38 @@ def activation_norm(
         model.train(was_training)
     if not tokens_seen:
         raise ValueError("activation_norm got no tokens: the calibration data is empty")
+    return [(total / tokens_seen).float() for total in totals]
+
+
+def layerwise_activation_norm(lm: LayerwiseModel, batches: Sequence[Mapping[str, torch.Tensor]],
+                               progress: bool = True) -> list[torch.Tensor]:
+    """`activation_norm` with one decoder layer on the device at a time (pipeline/core/layerwise.py): a forward
+    pass only, each site's sums taken while its layer runs on each batch, in the same order; the same scores."""
+    sites = lm.sites  # decoder-only: every site reads the batch's token sequence
+    totals = [torch.zeros(site.num_heads, dtype=torch.float64) for site in sites]
+    masks = [batch.get("attention_mask", torch.ones_like(batch["input_ids"])).float().to(lm.device)
+             for batch in batches]
+
+    @contextmanager
+    def watch(layer: int, b: int) -> Iterator[None]:
+        def hook(index: int):
+            def accumulate(_module: nn.Module, args: tuple) -> None:  # a pre-hook: returning None keeps the input
+                totals[index] += _head_output_norms(sites[index], args[0], masks[b])
+
+            return accumulate
+
+        handles = [sites[i].out_proj.register_forward_pre_hook(hook(i)) for i in lm.sites_of(layer)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    tokens_seen = sum(int(mask.sum()) for mask in masks)
+    if not tokens_seen:
+        raise ValueError("activation_norm got no tokens: the calibration data is empty")
+    inputs = [{k: batch[k] for k in MODEL_INPUTS if k in batch} for batch in batches]
+    carry_forward(lm, inputs, keep=False, watch=watch, progress=progress)
     return [(total / tokens_seen).float() for total in totals]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.config.params import ExperimentSection, ParamsError, load_params
 from pipeline.config.tasks import TASK_PACKAGES
+from pipeline.data.inputs import placement_problems
 
 PREPARE = "prepare"  # the one stage that reads the user's model and data; the later stages read its outputs
 
@@ -33,13 +34,20 @@ def input_problems(params: ExperimentSection) -> list[str]:
     return importlib.import_module(f"{TASK_PACKAGES[params.task]}.inputs").problems(params)
 
 
+def runtime_problems(params: ExperimentSection) -> list[str]:
+    """A runtime.placement the family does not run (layerwise: language modelling only), in one line. Every stage
+    checks it: an execution setting may change after prepare ran."""
+    family = importlib.import_module(f"{TASK_PACKAGES[params.task]}.inputs")
+    return placement_problems(params.runtime.placement, getattr(family, "ACCEPTS", None))
+
+
 def check_all(path: str | Path, inputs: bool = True) -> list[str]:
     """Every problem with the params file `path` and (`inputs`) with the model and data it names, one line each."""
     try:
         params = load_params(path)
     except ParamsError as error:
         return [str(error)]
-    return input_problems(params) if inputs else []
+    return [*runtime_problems(params), *(input_problems(params) if inputs else [])]
 
 
 def preflight(stage: str, argv: list[str] | None = None) -> None:

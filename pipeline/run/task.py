@@ -27,6 +27,8 @@ from torch import nn
 
 from pipeline.config.tasks import family_module
 from pipeline.core.checkpoint import load_model, save_model
+from pipeline.core.importance import head_importance, token_head_importance
+from pipeline.core.sites import AttentionSite, attention_sites
 from pipeline.data.evaluation import TaskEval
 from pipeline.files.artifacts import MissingArtifact
 from pipeline.files.schema import EVAL_SPLITS, TRAIN_LOSS_LAST, TRAIN_SECONDS, TRAIN_STEPS
@@ -121,6 +123,17 @@ class Task:
         for model in models.values():
             model.set_attn_implementation(attn_implementation)
         return models
+
+    def head_importance(self, path: Path, batches: list[Batch]) -> tuple[list[AttentionSite], list[torch.Tensor]]:
+        """The score stage's raw importance of every head of the model at `path` on `batches` (score.estimator:
+        "token", the mean over token positions, or the paper's per-example estimator), one `[num_heads]` tensor per
+        site, and the model's attention sites. Here the whole model on the runtime's device; a family that scores
+        under another runtime.placement overrides it (language modelling: one decoder layer at a time)."""
+        model = self.load(path)
+        with self.exp.runtime.autocast():  # gates and their gradient sums stay fp32 (pipeline/core/gates.py)
+            raw = (token_head_importance(model, batches)[0] if self.exp.params.score.estimator == "token"
+                   else head_importance(model, batches))
+        return attention_sites(model), raw
 
     # --- data and evaluation -------------------------------------------------------------------------
     def sample_batches(self, max_examples: int | None, skip: int = 0) -> list[Batch]:

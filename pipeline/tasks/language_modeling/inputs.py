@@ -21,15 +21,17 @@ from pipeline.data.inputs import (
     read_source,
 )
 from pipeline.data.local_files import FORMATS, InputError, check_filled, is_blank, missing_path, read_lines, split_files
-from pipeline.files.schema import DEFAULT, LANGUAGE_MODELING, SCRATCH, TATOEBA
+from pipeline.files.schema import DEFAULT, LANGUAGE_MODELING, PLACEMENTS, SCRATCH, TATOEBA
 
 if TYPE_CHECKING:
     from pipeline.tasks.language_modeling.params import LanguageModelingParams
 
 # The decoder-only families of pipeline/core/sites.py, which load as causal LMs whose every attention is the
 # decoder's self-attention (the token estimator and perplexity assume it); an encoder or encoder-decoder is refused.
+# Every placement: its models are decoder-only, which pipeline/core/layerwise.py scores one layer at a time.
 ACCEPTS = Accepts(LANGUAGE_MODELING,
-                  model_families=("gemma3_text", "gpt2", "llama", "mistral", "opt", "qwen2", "qwen3"))
+                  model_families=("gemma3_text", "gpt2", "llama", "mistral", "opt", "qwen2", "qwen3"),
+                  placements=PLACEMENTS)
 # The attention of the pinned default (SmolLM2-135M), as its GGUF header states it (tests/test_gguf.py checks it).
 DEFAULT_SHAPE = AttentionShape.alike(sites=30, heads=9, kv_heads=3)
 TEXT_FORMATS = (".txt", *FORMATS)  # a .txt file holds one text (a sentence or a document) a line

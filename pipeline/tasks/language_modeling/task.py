@@ -8,12 +8,15 @@ from pathlib import Path
 
 import datasets
 import pandas as pd
+import torch
 
 from pipeline.core.importance import HeadChoice
-from pipeline.core.sites import attention_sites
+from pipeline.core.layerwise import LayerwiseModel, layerwise_head_importance, layerwise_token_head_importance
+from pipeline.core.sites import AttentionSite, attention_sites
 from pipeline.files.schema import (
     HEAD_UNITS,
     LANGUAGE_MODELING,
+    LAYERWISE,
     OTHER_UNIT_CURVE_TABLE,
     SCRATCH,
     TABLE_COLUMNS,
@@ -42,6 +45,20 @@ class LanguageModelingTask(Task):
         # Llama's and GPT-2's tokenizers have no pad token. Padding is masked out (attention and labels), so any id
         # will do; eos is one the model knows.
         return tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+
+    def head_importance(self, path: Path, batches: list[Batch]) -> tuple[list[AttentionSite], list[torch.Tensor]]:
+        """runtime.placement layerwise: one decoder layer's weights at a time read from the folder onto the device,
+        the layer inputs carried forward on the CPU (pipeline/core/layerwise.py); the same scores as the whole
+        model's. Otherwise as every family scores."""
+        exp = self.exp
+        if exp.runtime.placement != LAYERWISE:
+            return super().head_importance(path, batches)
+        lm = LayerwiseModel.from_folder(path, exp.runtime.device, trust_remote_code=exp.trust_remote_code,
+                                        attn_implementation=exp.params.model.attn_implementation)
+        with exp.runtime.autocast():
+            raw = (layerwise_token_head_importance(lm, batches)[0] if exp.params.score.estimator == "token"
+                   else layerwise_head_importance(lm, batches))
+        return lm.sites, raw
 
     def batches(self, data: datasets.Dataset, batch_size: int) -> list[Batch]:
         # labels == input_ids, -100 on padding: per_example_loss shifts them
