@@ -8,12 +8,16 @@ from pathlib import Path
 
 import datasets
 import pandas as pd
+from torch import nn
 
 from pipeline.core.importance import HeadChoice
+from pipeline.core.placement import load_sharded
 from pipeline.core.sites import attention_sites
+from pipeline.files.artifacts import MissingArtifact
 from pipeline.files.schema import (
     HEAD_UNITS,
     LANGUAGE_MODELING,
+    OFFLOAD_DIR,
     OTHER_UNIT_CURVE_TABLE,
     SCRATCH,
     TABLE_COLUMNS,
@@ -42,6 +46,17 @@ class LanguageModelingTask(Task):
         # Llama's and GPT-2's tokenizers have no pad token. Padding is masked out (attention and labels), so any id
         # will do; eos is one the model knows.
         return tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+
+    def load(self, path: Path) -> nn.Module:
+        """A model folder on the runtime's device, or under runtime.placement sharded across the GPUs, the CPU and
+        disk by accelerate within runtime.max_memory (pipeline/core/placement.py)."""
+        exp = self.exp
+        if exp.runtime.placement != "sharded":
+            return super().load(path)
+        if not path.is_dir():
+            raise MissingArtifact(path)
+        return load_sharded(path, exp.runtime, exp.artifacts / OFFLOAD_DIR, exp.trust_remote_code,
+                            attn_implementation=exp.params.model.attn_implementation)
 
     def batches(self, data: datasets.Dataset, batch_size: int) -> list[Batch]:
         # labels == input_ids, -100 on padding: per_example_loss shifts them
