@@ -547,3 +547,8 @@ def test_each_family_takes_the_core_families_whose_head_its_stages_load():
         assert accepts.task == task and set(accepts.model_families) <= set(FAMILIES)
         with_head = {t for t, (_, _, model_class) in CONFIGS.items() if model_class.__name__.endswith(heads[task])}
         assert set(accepts.model_families) == with_head, task
+
+
+def test_sharded_placement_is_refused_for_a_classification_model_in_one_line(project):
+    found = problems(runtime={"placement": "sharded"})
+    assert "runtime.placement: sharded is for language models" in only(found)

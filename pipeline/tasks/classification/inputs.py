@@ -263,5 +263,9 @@ def problems(params: ClassificationParams) -> list[str]:
     text_columns = [c for c in (d.text_column, d.text_pair_column) if c is not None]
     model = model_problems(m.name_or_path, ACCEPTS)
     shape = DEFAULT_SHAPE if m.name_or_path == DEFAULT else model_shape(m.name_or_path)
-    return [*model, *([] if model else level_problems(params.prune, shape)),
+    # Sharding (accelerate's device_map) is wired into the language-modelling family only: refuse it, not ignore it.
+    sharded = ["runtime.placement: sharded is for language models (task: language-modeling); a classification "
+               "model runs whole on runtime.device: use placement: whole"
+               ] if params.runtime.placement == "sharded" else []
+    return [*sharded, *model, *([] if model else level_problems(params.prune, shape)),
             *classification_source_problems(d.source, text_columns, d.label_column, d.fractions, params.seed)]

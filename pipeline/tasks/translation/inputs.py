@@ -156,9 +156,12 @@ def attention_shape(params: TranslationParams) -> AttentionShape | None:
 def problems(params: TranslationParams) -> list[str]:
     """Every problem with the model and the data that a translation experiment's params name, one line each."""
     d, m = params.data, params.model
+    # Sharding (accelerate's device_map) is wired into the language-modelling family only: refuse it, not ignore it.
+    sharded = ["runtime.placement: sharded is for language models (task: language-modeling); a translation model "
+               "runs whole on runtime.device: use placement: whole"] if params.runtime.placement == "sharded" else []
     if m.backend == "fairseq":
-        return fairseq_problems(params)
-    found = model_problems(m.name_or_path, ACCEPTS)
+        return sharded + fairseq_problems(params)
+    found = sharded + model_problems(m.name_or_path, ACCEPTS)
     found += [] if found else level_problems(params.prune, attention_shape(params))
     if d.source != DEFAULT:
         found += translation_source_problems(d.source, d.source_column, d.target_column, d.source_lang,
