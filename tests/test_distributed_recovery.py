@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from pipeline.core.runtime import CPU_FP32
+from pipeline.core.runtime import CPU_FP32, is_main_process
 from pipeline.tasks.language_modeling.training import RecoveryConfig, _plain_weights, recover_language_model
 from tests.test_lora_recovery import FAST, pruned, sequences
 from tests.tiny_models import PAD
@@ -82,3 +82,12 @@ def test_two_processes_give_the_single_processs_losses_and_weights(two_processes
 @pytest.mark.slow
 def test_fsdp2_sharded_weights_come_back_whole_into_the_plain_model(two_processes):
     assert two_processes["fsdp2"]
+
+
+@pytest.mark.parametrize(("rank", "writes"), [(None, True), ("0", True), ("1", False)])
+def test_only_a_plain_process_or_the_first_launched_one_writes_the_stages_outputs(monkeypatch, rank, writes):
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    assert is_main_process() is writes
