@@ -153,17 +153,19 @@ def train_language_model(
     if fsdp and not accelerator.is_fsdp2:
         raise ValueError("recovery under FSDP needs fsdp_version: 2 in the accelerate config (FSDP1 flattens the "
                          "parameters, whose names the merge back into the model needs)")
-    if processes > 1:
-        model.to(accelerator.device)
-    # FSDP2 shards a module in place: it trains a copy, whose weights come back into `model` whole at the end.
-    engine_model = copy.deepcopy(model) if fsdp else model
+    home = input_device(model)
+    if fsdp:  # FSDP2 shards a module in place: it shards a CPU copy onto the GPUs; `model` waits on the CPU for the
+        model.cpu()  # trained weights, gathered whole at the end, and goes back to its device
+        engine_model = copy.deepcopy(model)
+    else:
+        engine_model = model.to(accelerator.device) if processes > 1 else model
     optimizer = adamw(engine_model, cfg.learning_rate, cfg.weight_decay, cfg.betas)
     # The schedule steps with every optimisation step, as it always did; it is not accelerate's to step.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(cfg.warmup_steps, cfg.steps))
     prepared, optimizer = accelerator.prepare(engine_model, optimizer)
     generator = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)  # attention dropout, if any
-    device = input_device(model) if processes == 1 else accelerator.device
+    device = home if processes == 1 else accelerator.device
     lengths = np.array([len(s) for s in sequences])
     losses: list[float] = []
     prepared.train()
@@ -190,6 +192,7 @@ def train_language_model(
                     break
     if fsdp:
         _plain_weights(prepared, model)
+        model.to(home)
     model.eval()
     return losses
 
