@@ -5,6 +5,7 @@ whole model does."""
 from __future__ import annotations
 
 import gc
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,9 +15,11 @@ from pipeline.core.importance import head_importance, token_head_importance
 from pipeline.core.placement import device_map, input_device, load_sharded
 from pipeline.core.runtime import Runtime
 from pipeline.core.surgery import prune_heads
+from pipeline.files.schema import OFFLOAD_DIR
 from pipeline.methods.llm_bench import llm_benchmark
 from pipeline.tasks.language_modeling.llama import collate_texts
 from pipeline.tasks.language_modeling.perplexity import LanguageModelEval
+from pipeline.tasks.language_modeling.task import LanguageModelingTask
 from tests.tiny_models import PAD, VOCAB, tiny_model
 
 # The tiny Llama's embeddings take 12 KB and each of its 3 layers 30 KB: 75 KB of CPU leaves the embeddings and layer
@@ -96,3 +99,13 @@ def test_a_sharded_models_offload_folder_goes_when_the_model_does(folders, tmp_p
     del model
     gc.collect()
     assert not folder.exists()
+
+
+@pytest.mark.parametrize("placement", ["whole", "sharded"])
+def test_the_language_modelling_task_loads_its_models_by_the_runtimes_placement(folders, tmp_path, placement):
+    runtime = SHARDED if placement == "sharded" else Runtime()
+    exp = SimpleNamespace(runtime=runtime, artifacts=tmp_path, trust_remote_code=False,
+                          params=SimpleNamespace(model=SimpleNamespace(attn_implementation="sdpa")))
+    model = LanguageModelingTask(exp).load(folders["stock"][1])
+    assert ("disk" in device_map(model).values()) is (placement == "sharded")
+    assert (tmp_path / OFFLOAD_DIR).is_dir() is (placement == "sharded")

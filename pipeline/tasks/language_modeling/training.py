@@ -4,7 +4,9 @@ weigh more, as in every LM's pre-training).
 
 One loop (`train_language_model`) trains whatever parameters require grad: all of them for training from scratch
 and full fine-tuning, only the adapters' for LoRA (`pipeline.tasks.language_modeling.lora`), which
-`recover_language_model` wraps around the pruned model for the loop and merges back afterwards."""
+`recover_language_model` wraps around the pruned model for the loop and merges back afterwards. The loop runs on
+accelerate, so the same code trains in one plain process or in every process of `accelerate launch` (DDP, FSDP2),
+with the same losses (docs/distributed.md)."""
 
 from __future__ import annotations
 
