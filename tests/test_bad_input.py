@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from pipeline.checks.tiny_project import tool_env, write_tiny_assets
 from pipeline.run.preflight import check_all
-from tests.tiny_project import ROOT, tiny_params
+from tests.tiny_project import ROOT, tiny_mt_params, tiny_params
 
 CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens, so the "hub" refuses at once
 SAFETENSORS_WITH_NO_TENSORS = (2).to_bytes(8, "little") + b"{}"  # a readable header, nothing else
@@ -547,3 +547,16 @@ def test_each_family_takes_the_core_families_whose_head_its_stages_load():
         assert accepts.task == task and set(accepts.model_families) <= set(FAMILIES)
         with_head = {t for t, (_, _, model_class) in CONFIGS.items() if model_class.__name__.endswith(heads[task])}
         assert set(accepts.model_families) == with_head, task
+
+
+def test_sharded_placement_is_refused_for_a_classification_model_in_one_line(project):
+    found = problems(runtime={"placement": "sharded"})
+    assert "runtime.placement: sharded is not run by the classification task; allowed: whole" in only(found)
+
+
+def test_sharded_placement_is_refused_for_a_translation_model(project):
+    params = tiny_mt_params()
+    params["runtime"]["placement"] = "sharded"
+    Path("mt.yaml").write_text(yaml.safe_dump(params))
+    refusal = "runtime.placement: sharded is not run by the translation task; allowed: whole"
+    assert any(line.startswith(refusal) for line in check_all("mt.yaml"))

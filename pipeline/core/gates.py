@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from pipeline.core.placement import input_device
 from pipeline.core.sites import AttentionSite, attention_sites, ffn_sites
 
 
@@ -64,6 +65,9 @@ def _gate_input(x: torch.Tensor, gate: torch.Tensor, units: int, batch_dim: int)
         shape = [1] * (x.dim() - 1) + [units, 1]
         shape[batch_dim] = gate.shape[0]
         scale = gate.view(shape)
+    # A sharded model's layers run on several devices, its gates live on the input device: the copy is part of the
+    # graph, so the gradient still reaches the gate leaf.
+    scale = scale.to(x.device)
     # The product in the gate's precision (fp32), so that under half-precision autocast the gate's gradient, a sum
     # over batch and positions, is accumulated in fp32 too; for an fp32 model this is the plain product.
     if scale.dtype != x.dtype:
@@ -76,10 +80,12 @@ def _gate_inputs(model: nn.Module, targets: Sequence[tuple[nn.Linear, int, int]]
                  ) -> Iterator[Gates]:
     """Gate the input of each `(linear, units, batch_dim)` target for the duration of the block."""
     param = next(model.parameters())
-    # Gates are at least float32 so their gradients stay precise under a half-precision model.
+    # Gates are at least float32 so their gradients stay precise under a half-precision model. They live where the
+    # inputs go (a sharded model's first parameter may be on the "meta" device, its weights offloaded).
     dtype = torch.promote_types(param.dtype, torch.float32)
+    device = input_device(model)
     gates = Gates(
-        torch.ones(units, dtype=dtype, device=param.device, requires_grad=requires_grad) for _, units, _ in targets
+        torch.ones(units, dtype=dtype, device=device, requires_grad=requires_grad) for _, units, _ in targets
     )
     handles = []
     for index, (linear, units, batch_dim) in enumerate(targets):

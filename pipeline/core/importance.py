@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from pipeline.core.gates import gate_grad, head_gates
 from pipeline.core.levels import AttentionShape, heads_to_save
+from pipeline.core.placement import input_device
 from pipeline.core.sites import AttentionSite, is_decoder_only
 from pipeline.files.schema import HEAD_UNITS
 
@@ -88,7 +89,7 @@ def head_importance(
 
     `batches` yields model inputs with `labels`. Returns E_x |dL(x)/d(xi_h)| averaged over all examples seen.
     """
-    device = next(model.parameters()).device
+    device = input_device(model)  # a sharded model's first layer's device
     totals: list[torch.Tensor] | None = None
     examples = 0
     with frozen_for_gate_gradients(model), head_gates(model) as gates:
@@ -118,7 +119,7 @@ def token_head_importance(
     cancel, the per-token mean does not. Returns (per-token, per-example), each one `[num_heads]` float tensor per
     attention site.
     """
-    device = next(model.parameters()).device
+    device = input_device(model)  # a sharded model's first layer's device
     per_token: list[torch.Tensor] | None = None
     per_example: list[torch.Tensor] | None = None
     examples = tokens = 0

@@ -10,6 +10,7 @@ stay fp32 under either half precision.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -78,6 +79,12 @@ class Runtime:
         result["peak_mib"] = (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
 
 
+def is_main_process() -> bool:
+    """Whether this process writes a stage's outputs: always in a plain run; under `accelerate launch` (or torchrun),
+    whose processes all train, only the first (RANK 0)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 CPU_FP32 = Runtime()  # the library's default: what a test or a notebook gets without asking
 
 
@@ -91,7 +98,9 @@ def resolve_runtime(device: str = "auto", precision: str = "fp32", placement: st
         raise RuntimeUnavailable(f"runtime.precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     has_cuda = torch.cuda.is_available()
     if device == "auto":
-        resolved = torch.device("cuda:0" if has_cuda else "cpu")
+        # Under `accelerate launch` (or torchrun) each process of a node takes its own GPU, LOCAL_RANK's.
+        resolved = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % max(torch.cuda.device_count(), 1)}"
+                                if has_cuda else "cpu")
     else:
         try:
             resolved = torch.device(device)

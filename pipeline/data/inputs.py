@@ -25,7 +25,7 @@ from pipeline.core.levels import AttentionShape, LevelError, heads_to_save
 from pipeline.core.sites import FAMILIES
 from pipeline.data.catalog import HubCorpus
 from pipeline.data.local_files import InputError, Table, check_fractions, looks_like_path, missing_path, read_table
-from pipeline.files.schema import DEFAULT, LAYERWISE, PLACEMENTS, SCRATCH, SPLITS
+from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS, WHOLE
 
 if TYPE_CHECKING:
     from pipeline.config.params import PruneParams
@@ -73,9 +73,10 @@ class Accepts:
     # Examples of every class in each split that a stratified split carves out of train (classification: every
     # split is scored on every class); 0 where the family's data has no classes.
     min_per_class_and_split: int = 0
-    # The runtime.placement values its stages run: "layerwise" only where the family scores a model one decoder layer
-    # at a time (language modelling, pipeline/core/layerwise.py).
-    placements: Collection[str] = tuple(p for p in PLACEMENTS if p != LAYERWISE)
+    # The runtime.placement values its stages run: "sharded" and "layerwise" only where the family loads through
+    # accelerate's device_map and scores one decoder layer at a time (language modelling); a placement a family
+    # would silently ignore is refused instead.
+    placements: Collection[str] = (WHOLE,)
 
 
 def placement_problems(placement: str, accepts: Accepts | None) -> list[str]:

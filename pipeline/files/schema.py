@@ -119,6 +119,8 @@ def checkpoint_method(step: int) -> str:
 # --- an experiment's folders (artifacts/<experiment>/) --------------------------------------------
 BASE_MODEL_DIR, DATA_DIR, FINETUNED_DIR = "base_model", "data", "finetuned"
 PRUNED_DIR, CHECKPOINTS_DIR = "pruned", "checkpoints"
+# runtime.placement sharded with a "disk" cap: the weights accelerate offloads, a fresh folder per loaded model
+OFFLOAD_DIR = "offload"
 RECOVERED_DIR = "recovered"  # language models: each saved pruned model after recovery fine-tuning, by the same name
 TASK_FILE = "task.json"  # in the data folder: labels, metric, languages
 PRUNING_FILE = "head_pruning.json"  # in a pruned model folder: the heads and neurons removed

@@ -29,11 +29,12 @@ from torch import nn
 
 from pipeline.core.flops import forward_flops, parameter_count
 from pipeline.core.importance import HeadChoice
+from pipeline.core.placement import input_device
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.core.timer import peak_allocated_mib, ratio_columns, speedup_ratio, spread_times
-from pipeline.methods.bench import on_device, random_inputs, runtime_columns, weights_mib
+from pipeline.methods.bench import random_inputs, runtime_columns, weights_mib
 
 PREFILL, DECODE = "prefill", "decode"
 # The table's columns (and the device/precision of `runtime_columns`).
@@ -92,7 +93,7 @@ def prefill_flops(model: nn.Module, prompt: Mapping[str, torch.Tensor]) -> int:
 def decode_step_flops(model: nn.Module, context: int) -> int:
     """FLOPs of one decode step of one sequence with `context` tokens in the cache. Attention's FLOPs grow
     linearly with the context, so the step at the mean context of a run costs the mean of its steps."""
-    device = next(model.parameters()).device
+    device = input_device(model)  # a sharded model's first layer's device
     prompt = {k: v.to(device) for k, v in random_inputs(model, 1, context).items()}
     with torch.inference_mode():
         cache = prefill(model, prompt).cache
@@ -138,11 +139,14 @@ def llm_benchmark(models: Mapping[str, nn.Module], batch_sizes: Sequence[int], p
     be on the runtime's device; all are timed at the runtime's precision in the same run, so ratios compare like
     with like."""
     reference = next(iter(models))
-    probe = on_device(random_inputs(models[reference], 1, prompt_tokens), runtime)
+    # The prompts go where the reference model takes its inputs: runtime.device, or a sharded model's first layer's.
+    device = input_device(models[reference])
+    probe = {k: v.to(device) for k, v in random_inputs(models[reference], 1, prompt_tokens).items()}
     flops = {label: {PREFILL: prefill_flops(model, probe),
                      DECODE: decode_step_flops(model, prompt_tokens + new_tokens // 2)}
              for label, model in models.items()}
-    prompts = {b: on_device(random_inputs(models[reference], b, prompt_tokens), runtime) for b in batch_sizes}
+    prompts = {b: {k: v.to(device) for k, v in random_inputs(models[reference], b, prompt_tokens).items()}
+               for b in batch_sizes}
     runs = {b: {label: phase_runs(model, prompts[b], new_tokens, runtime) for label, model in models.items()}
             for b in batch_sizes}
     phase_fns = {PREFILL: lambda r: r.prefill, DECODE: lambda r: r.decode}

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from pipeline.core.placement import input_device
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.data.metrics import paired_bootstrap
 from pipeline.files.schema import PERPLEXITY
@@ -62,7 +63,7 @@ class LanguageModelEval:
     def outputs(self, model: nn.Module, progress: bool = False) -> np.ndarray:
         """(summed NLL, predicted tokens) of every sequence, in the split's order, float64."""
         model.eval()
-        device = next(model.parameters()).device
+        device = input_device(model)  # a sharded model's first layer's device
         rows = []
         with self.runtime.autocast():
             for batch in tqdm(self.batches, desc="perplexity", disable=not progress, leave=False):

@@ -2,7 +2,10 @@
 or full fine-tuning) and saved under recovered/ by its folder's name, for the zero-shot stage; test perplexity before
 and after, beside the unpruned model's on the same windows. The first row is the control: the unpruned model
 fine-tuned the same way (not saved), for a pretrained model also adapts to the recovery data, and that gain is not the
-pruned model's recovery."""
+pruned model's recovery.
+
+Under `accelerate launch` (docs/distributed.md) every process trains its share of each batch and evaluates the whole
+test set itself; only the first saves the models (and the stage writes the table from it alone)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import time
 
 import pandas as pd
 
+from pipeline.core.runtime import is_main_process
 from pipeline.core.sites import attention_sites
 from pipeline.files.schema import UNPRUNED_MODEL
 from pipeline.run.experiment import Experiment, log
@@ -18,6 +22,10 @@ from pipeline.tasks.language_modeling.training import RecoveryConfig, recover_la
 
 def recover(exp: Experiment) -> pd.DataFrame:
     p, r, task = exp.params, exp.params.recover, exp.task
+    if exp.runtime.placement == "sharded":  # accelerate's dispatched layers evaluate, but do not train
+        raise SystemExit("error: runtime.placement: sharded does not train; recover a model across GPUs with "
+                         "placement: whole under accelerate launch and configs/accelerate/fsdp.yaml "
+                         "(docs/distributed.md)")
     train, test = exp.split("train")["input_ids"][:], task.evaluation("test", r.max_examples)
     config = RecoveryConfig(steps=r.steps, method=r.method, batch_size=r.batch_size, learning_rate=r.learning_rate,
                             warmup_steps=r.warmup_steps, weight_decay=r.weight_decay, rank=r.rank, alpha=r.alpha,
@@ -32,7 +40,7 @@ def recover(exp: Experiment) -> pd.DataFrame:
         start = time.perf_counter()
         recover_language_model(model, train, task.pad_token_id, config, runtime=exp.runtime)
         seconds = time.perf_counter() - start
-        if label != UNPRUNED_MODEL:
+        if label != UNPRUNED_MODEL and is_main_process():  # under accelerate launch every process holds the same
             exp.save(model, exp.recovered_root / path.name)
         rows.append(dict(model=label, fraction_pruned=1 - sum(s.num_heads for s in sites) / sum(
                              s.original_num_heads for s in sites),

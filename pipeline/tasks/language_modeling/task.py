@@ -9,16 +9,21 @@ from pathlib import Path
 import datasets
 import pandas as pd
 import torch
+from torch import nn
 
 from pipeline.core.importance import HeadChoice
 from pipeline.core.layerwise import LayerwiseModel, layerwise_head_importance, layerwise_token_head_importance
+from pipeline.core.placement import load_sharded
 from pipeline.core.sites import AttentionSite, attention_sites
+from pipeline.files.artifacts import MissingArtifact
 from pipeline.files.schema import (
     HEAD_UNITS,
     LANGUAGE_MODELING,
     LAYERWISE,
+    OFFLOAD_DIR,
     OTHER_UNIT_CURVE_TABLE,
     SCRATCH,
+    SHARDED,
     TABLE_COLUMNS,
     UNPRUNED_MODEL,
     kv_groups_label,
@@ -45,6 +50,17 @@ class LanguageModelingTask(Task):
         # Llama's and GPT-2's tokenizers have no pad token. Padding is masked out (attention and labels), so any id
         # will do; eos is one the model knows.
         return tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+
+    def load(self, path: Path) -> nn.Module:
+        """A model folder on the runtime's device, or under runtime.placement sharded across the GPUs, the CPU and
+        disk by accelerate within runtime.max_memory (pipeline/core/placement.py)."""
+        exp = self.exp
+        if exp.runtime.placement != SHARDED:
+            return super().load(path)
+        if not path.is_dir():
+            raise MissingArtifact(path)
+        return load_sharded(path, exp.runtime, exp.artifacts / OFFLOAD_DIR, exp.trust_remote_code,
+                            attn_implementation=exp.params.model.attn_implementation)
 
     def head_importance(self, path: Path, batches: list[Batch]) -> tuple[list[AttentionSite], list[torch.Tensor]]:
         """runtime.placement layerwise: one decoder layer's weights at a time read from the folder onto the device,

@@ -4,25 +4,32 @@ weigh more, as in every LM's pre-training).
 
 One loop (`train_language_model`) trains whatever parameters require grad: all of them for training from scratch
 and full fine-tuning, only the adapters' for LoRA (`pipeline.tasks.language_modeling.lora`), which
-`recover_language_model` wraps around the pruned model for the loop and merges back afterwards."""
+`recover_language_model` wraps around the pruned model for the loop and merges back afterwards. The loop runs on
+accelerate, so the same code trains in one plain process or in every process of `accelerate launch` (DDP, FSDP2),
+with the same losses (docs/distributed.md)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from pipeline.core.placement import input_device
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.data.evaluation import length_grouped_batches
 from pipeline.files.schema import RECOVERY_METHODS
 from pipeline.tasks.language_modeling.llama import batch_nll, collate_texts
 from pipeline.tasks.language_modeling.lora import lora_adapters
-from pipeline.training.optim import adamw, train_step
+from pipeline.training.optim import adamw
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,42 @@ def linear_schedule(warmup_steps: int, steps: int) -> Callable[[int], float]:
     return factor
 
 
+def training_accelerator(model: nn.Module, runtime: Runtime) -> Accelerator:
+    """The engine the loop runs on: accelerate in one plain process, or in each process of `accelerate launch` (DDP,
+    or FSDP2 under an FSDP config; on the CPU, DDP over gloo: accelerate 1.16 shards with FSDP only on accelerators).
+    bf16 autocast stays the runtime's (`Runtime.autocast`); fp16 hands accelerate the loss scaling, so that FSDP
+    gets its sharded scaler. No device placement in one process: the model stays where the runtime loaded it."""
+    cpu = runtime.device.type == "cpu"
+    # A layer that pruning emptied keeps zero-width parameters that no loss reaches: DDP must be told to expect them.
+    unused = any(param.requires_grad and param.numel() == 0 for param in model.parameters())
+    return Accelerator(cpu=cpu, mixed_precision="fp16" if runtime.precision == "fp16" else "no",
+                       device_placement=PartialState(cpu=cpu).num_processes > 1,
+                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=unused)])
+
+
+def _rows_of_process(rows: np.ndarray, process: int, processes: int) -> tuple[np.ndarray, bool]:
+    """This process's share of a global batch (every `processes`-th row from `process`), and whether it is real: a
+    process left without a row (a batch shorter than the processes) runs the first row at weight 0, since every
+    process must take part in each backward pass."""
+    mine = rows[process::processes]
+    return (mine, True) if len(mine) else (rows[:1], False)
+
+
+def _plain_weights(trained: nn.Module, plain: nn.Module) -> None:
+    """Copy the weights of `trained`, a copy of `plain` that FSDP2 sharded in place (its parameters DTensors), into
+    `plain`, each gathered whole in turn (`full_tensor`), so `plain` stays an ordinary module the caller can merge
+    and save. FSDP2 keeps every parameter's name, so the names match."""
+    from torch.distributed.tensor import DTensor  # only under FSDP: distributed tensors
+
+    target = dict(plain.named_parameters())
+    with torch.no_grad():
+        for name, param in trained.named_parameters():
+            if param.numel() == 0:  # an emptied layer's: nothing to gather (and DTensor cannot unpad a 0-wide shard)
+                continue
+            data = param.data.full_tensor() if isinstance(param.data, DTensor) else param.data
+            target[name].copy_(data.to(target[name].device))
+
+
 def train_language_model(
     model: PreTrainedModel,
     sequences: Sequence[Sequence[int]],
@@ -93,7 +136,12 @@ def train_language_model(
     """Train `model`'s parameters that require grad in place, on its device, for cfg.steps optimisation steps over
     `sequences` (token ids, as tokenize_texts makes them), the forward passes at `runtime`'s precision; returns
     every step's loss. The same model, data, config and seed give the same losses (single-threaded CPU, or
-    deterministic kernels)."""
+    deterministic kernels).
+
+    Runs on accelerate (`training_accelerator`): as one process, or under `accelerate launch` as several, each
+    taking its share of every global batch of cfg.batch_size texts. Each process's loss is its texts' summed NLL
+    over the global batch's token count, times the processes (DDP and FSDP average the gradients), so the gradient
+    is the global batch's whatever the number of processes, and the loss reported is the global batch's."""
     if cfg.steps < 1 or not sequences:
         raise ValueError(f"training needs steps >= 1 and some sequences; got {cfg.steps} steps, "
                          f"{len(sequences)} sequences")
@@ -101,27 +149,52 @@ def train_language_model(
     if longest > model.config.max_position_embeddings:
         raise ValueError(f"a training sequence has {longest} tokens but the model has "
                          f"{model.config.max_position_embeddings} positions; tokenize with max_length <= that")
-    optimizer = adamw(model, cfg.learning_rate, cfg.weight_decay, cfg.betas)
+    accelerator = training_accelerator(model, runtime)
+    processes, process = accelerator.num_processes, accelerator.process_index
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    if fsdp and not accelerator.is_fsdp2:
+        raise ValueError("recovery under FSDP needs fsdp_version: 2 in the accelerate config (FSDP1 flattens the "
+                         "parameters, whose names the merge back into the model needs)")
+    home = input_device(model)
+    if fsdp:  # FSDP2 shards a module in place: it shards a CPU copy onto the GPUs; `model` waits on the CPU for the
+        model.cpu()  # trained weights, gathered whole at the end, and goes back to its device
+        engine_model = copy.deepcopy(model)
+    else:
+        engine_model = model.to(accelerator.device) if processes > 1 else model
+    optimizer = adamw(engine_model, cfg.learning_rate, cfg.weight_decay, cfg.betas)
+    # The schedule steps with every optimisation step, as it always did; it is not accelerate's to step.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(cfg.warmup_steps, cfg.steps))
+    prepared, optimizer = accelerator.prepare(engine_model, optimizer)
     generator = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)  # attention dropout, if any
-    device = next(model.parameters()).device
-    scaler = runtime.grad_scaler()
+    device = home if processes == 1 else accelerator.device
     lengths = np.array([len(s) for s in sequences])
     losses: list[float] = []
-    model.train()
-    with tqdm(total=cfg.steps, desc="train", disable=not progress) as bar:
+    prepared.train()
+    with tqdm(total=cfg.steps, desc="train", disable=not progress or not accelerator.is_main_process) as bar:
         while len(losses) < cfg.steps:
+            # Every process draws the same global batches (the same seed); accelerate's own batch sharding would drop
+            # the short batches that length grouping leaves inside an epoch, so the loop shares them out itself.
             for rows in length_grouped_batches(lengths, cfg.batch_size, generator.permutation):
-                batch = {k: v.to(device) for k, v in collate_texts([sequences[i] for i in rows], pad_id).items()}
+                tokens = int(np.maximum(lengths[rows] - 1, 0).sum())  # the global batch's predicted tokens
+                mine, real = _rows_of_process(rows, process, processes)
+                batch = {k: v.to(device) for k, v in collate_texts([sequences[i] for i in mine], pad_id).items()}
                 with runtime.autocast():
-                    nll, tokens = batch_nll(model, batch)
-                loss = nll.sum() / tokens.sum().clamp(min=1)
-                losses.append(train_step(loss, model, optimizer, scheduler, cfg.max_grad_norm, scaler))
+                    nll, _ = batch_nll(prepared, batch)
+                loss = nll.sum() * processes / max(tokens, 1) if real else nll.sum() * 0.0
+                accelerator.backward(loss)
+                accelerator.clip_grad_norm_(prepared.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(float(accelerator.reduce(loss.detach(), "sum")) / processes)
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", ppl=f"{math.exp(min(losses[-1], 50)):.1f}")
                 if len(losses) == cfg.steps:
                     break
+    if fsdp:
+        _plain_weights(prepared, model)
+        model.to(home)
     model.eval()
     return losses
 
