@@ -228,7 +228,7 @@ def test_placement_layerwise_is_refused_in_one_line_by_a_family_that_does_not_ru
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["runtime"]["placement"] = "layerwise"
     Path("params.yaml").write_text(yaml.safe_dump(params))
-    line = ("runtime.placement: layerwise is not run by the classification task; allowed: whole, sharded")
+    line = "runtime.placement: layerwise is not run by the classification task; allowed: whole"
     assert check_all("params.yaml", inputs=False) == [line]
     with pytest.raises(SystemExit) as stop:
         preflight("score", ["--params", "params.yaml"])

@@ -125,15 +125,28 @@ class Fit:
     devices: str  # which devices it uses, or what is short
 
 
+# The placements each stage runs (pipeline/tasks/language_modeling): scoring runs layer by layer itself
+# (pipeline/core/layerwise.py); the stages that only evaluate run "layerwise" as accelerate's offload, each layer's
+# weights brought to the device for its forward (pipeline/core/placement.py); recovery trains, so it runs whole, in
+# one process or under accelerate launch with FSDP across GPUs (docs/distributed.md).
+STAGE_PLACEMENTS = {"score": PLACEMENTS, "prune": PLACEMENTS, "benchmark": PLACEMENTS, "recover": ("whole",)}
+
+
 def choose(estimate: StageEstimate, devices: list[Device], offload: int | None) -> Fit:
-    """The lightest placement of `estimate` that fits `devices` (each up to USABLE of its capacity)."""
+    """The lightest placement of `estimate` that its stage runs and that fits `devices` (each up to USABLE of its
+    capacity)."""
     kind = "GPU" if devices[0].gpu else "device"
+    modes = STAGE_PLACEMENTS.get(estimate.stage, PLACEMENTS)
     if estimate.total <= devices[0].usable:
         return Fit("whole", f"1 {kind}")
-    if len(devices) > 1:
+    if "sharded" in modes and len(devices) > 1:
         used = pack(estimate, devices)
         if used is not None:
             return Fit("sharded", f"{used} of {len(devices)} {kind}s")
+    if "layerwise" not in modes:
+        across = "; across GPUs: accelerate launch with FSDP (docs/distributed.md)" if len(devices) > 1 else ""
+        return Fit("none", f"{estimate.stage} trains the whole model: {gib(estimate.total)} on one {kind}, "
+                           f"{gib(devices[0].usable)} usable{across}")
     largest = max(devices, key=lambda d: d.usable)
     need = max(b.total for b in estimate.blocks) + estimate.carried_bytes
     weights = sum(b.weight_bytes for b in estimate.blocks)

@@ -15,15 +15,16 @@ import pandas as pd
 
 from pipeline.core.runtime import is_main_process
 from pipeline.core.sites import attention_sites
-from pipeline.files.schema import UNPRUNED_MODEL
+from pipeline.files.schema import UNPRUNED_MODEL, WHOLE
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.language_modeling.training import RecoveryConfig, recover_language_model
 
 
 def recover(exp: Experiment) -> pd.DataFrame:
     p, r, task = exp.params, exp.params.recover, exp.task
-    if exp.runtime.placement == "sharded":  # accelerate's dispatched layers evaluate, but do not train
-        raise SystemExit("error: runtime.placement: sharded does not train; recover a model across GPUs with "
+    if exp.runtime.placement != WHOLE:  # accelerate's dispatched or offloaded layers evaluate, but do not train
+        raise SystemExit(f"error: runtime.placement: {exp.runtime.placement} does not train; recover a model across "
+                         "GPUs with "
                          "placement: whole under accelerate launch and configs/accelerate/fsdp.yaml "
                          "(docs/distributed.md)")
     train, test = exp.split("train")["input_ids"][:], task.evaluation("test", r.max_examples)

@@ -23,9 +23,9 @@ from pipeline.files.schema import (
     OFFLOAD_DIR,
     OTHER_UNIT_CURVE_TABLE,
     SCRATCH,
-    SHARDED,
     TABLE_COLUMNS,
     UNPRUNED_MODEL,
+    WHOLE,
     kv_groups_label,
 )
 from pipeline.methods.pruning import CurveEvaluator, criterion_curves, paper_curves
@@ -52,10 +52,11 @@ class LanguageModelingTask(Task):
         return tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
 
     def load(self, path: Path) -> nn.Module:
-        """A model folder on the runtime's device, or under runtime.placement sharded across the GPUs, the CPU and
-        disk by accelerate within runtime.max_memory (pipeline/core/placement.py)."""
+        """A model folder on the runtime's device, or under runtime.placement sharded (or layerwise) across the GPUs,
+        the CPU and disk by accelerate within runtime.max_memory (pipeline/core/placement.py): an offloaded layer's
+        weights come to the device for its forward only, so the stages that evaluate run layer by layer too."""
         exp = self.exp
-        if exp.runtime.placement != SHARDED:
+        if exp.runtime.placement == WHOLE:
             return super().load(path)
         if not path.is_dir():
             raise MissingArtifact(path)
