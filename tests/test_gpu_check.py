@@ -74,3 +74,15 @@ def test_the_visible_gpus_are_those_cuda_visible_devices_names(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: no GPUs
     assert visible_gpus() == []
+
+
+def test_the_llm_part_scores_the_default_whole_and_a_larger_llama_layerwise_beside_the_plan(capsys):
+    from pipeline.checks.gpu_llm import score_runs
+
+    runs = score_runs("cpu", tiny=True)
+    assert [(r.placement, r.precision) for r in runs] == [("whole", "bf16"), ("layerwise", "bf16")]
+    assert all(r.seconds > 0 and r.plan_mib > 0 and r.peak_mib is None for r in runs)
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--parts", "llm"]) == 0
+    out = capsys.readouterr().out
+    assert "SmolLM2-135M-Instruct, whole, bf16" in out and "Llama-3.2-1B shape, random, layerwise, bf16" in out
+    assert "plan" in out and "llm: ok" in out

@@ -2,6 +2,7 @@
 
     python -m pipeline.checks.gpu                      # both parts, on cuda at fp32 and bf16
     python -m pipeline.checks.gpu --parts benchmark    # only the Table-4 benchmark
+    python -m pipeline.checks.gpu --parts llm          # only the LLM scoring beside the memory plan
     python -m pipeline.checks.gpu --device cpu --tiny  # the same code at a tiny shape, in seconds (tests)
 
 1. repro: `dvc repro` of a tiny offline project (pipeline/checks/tiny_project.py: a random 2-layer BERT, 160
@@ -11,6 +12,8 @@
    70% of the heads physically pruned, evenly per layer; batch 1 to 256; seq 128; sdpa), at fp32 and at bf16,
    printed as one table: examples/s, measured speedup, the ideal speedup from FLOPs, their ratio, peak memory
    (CUDA's allocator), device and precision. Speedups compare models at the same precision and batch.
+3. llm: the SmolLM2 default scored whole in bf16, then a 1B-class Llama (random weights) scored layer by layer,
+   each with its seconds and CUDA's peak memory beside the memory plan's estimate (pipeline/checks/gpu_llm.py).
 
 Without a CUDA GPU it refuses in one line (exit status 2) unless told `--device cpu`.
 """
@@ -27,11 +30,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from pipeline.checks.gpu_llm import score_runs
 from pipeline.checks.tiny_project import make_tiny_project, run_tool, tiny_params
 from pipeline.core.runtime import RuntimeUnavailable, resolve_runtime
-from pipeline.files.schema import BENCHMARK_TABLE
+from pipeline.files.schema import BENCHMARK_TABLE, DEFAULT
 from pipeline.methods.bench import throughput_table
 
+PARTS = ["repro", "benchmark", "llm"]
 FRACTIONS = [0.0, 0.3, 0.5, 0.7]
 PRECISIONS = ["fp32", "bf16"]
 FULL = dict(shape="bert-base", batch_sizes=[1, 4, 16, 64, 128, 256], seq_len=128, repeats=7)
@@ -89,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (default: cuda)")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batches 1, 2 (a CPU test's size)")
-    parser.add_argument("--parts", nargs="+", choices=["repro", "benchmark"], default=["repro", "benchmark"])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("--model", default=DEFAULT, help="the llm part's SmolLM2 folder (default: the pinned wheel's)")
     parser.add_argument("--csv", default=None, help="also write the benchmark table here")
     args = parser.parse_args(argv)
     try:
@@ -119,6 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             table.to_csv(args.csv, index=False)
         print("\n" + format_table(table), flush=True)
         print(f"benchmark: ok in {time.perf_counter() - start:.0f} s", flush=True)
+    if "llm" in args.parts:
+        start = time.perf_counter()
+        print("\n3. LLM scoring (llm/params.yaml's score settings, random token ids) beside the memory plan",
+              flush=True)
+        for run in score_runs(args.device, tiny=args.tiny, model=args.model):
+            print(run.line(), flush=True)
+        print(f"llm: ok in {time.perf_counter() - start:.0f} s", flush=True)
     return 0
 
 

@@ -148,7 +148,7 @@ def choose(estimate: StageEstimate, devices: list[Device], offload: int | None) 
         return Fit("none", f"{estimate.stage} trains the whole model: {gib(estimate.total)} on one {kind}, "
                            f"{gib(devices[0].usable)} usable{across}")
     largest = max(devices, key=lambda d: d.usable)
-    need = max(b.total for b in estimate.blocks) + estimate.carried_bytes
+    need = layerwise_bytes(estimate)
     weights = sum(b.weight_bytes for b in estimate.blocks)
     if need <= largest.usable and (offload is None or weights <= offload):
         return Fit("layerwise", f"1 {kind}, weights offloaded")
@@ -156,6 +156,11 @@ def choose(estimate: StageEstimate, devices: list[Device], offload: int | None) 
         return Fit("none", f"layerwise needs {gib(need)} on one {kind}, the largest has {gib(largest.usable)} "
                            f"usable: short by {gib(need - largest.usable)}")
     return Fit("none", f"the {gib(weights)} of weights exceed runtime.max_memory's cpu + disk ({gib(offload or 0)})")
+
+
+def layerwise_bytes(estimate: StageEstimate) -> int:
+    """A layerwise run's peak on the device: its largest block and what is carried between blocks."""
+    return max(b.total for b in estimate.blocks) + estimate.carried_bytes
 
 
 def pack(estimate: StageEstimate, devices: list[Device]) -> int | None:
