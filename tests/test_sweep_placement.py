@@ -229,15 +229,21 @@ flows.sweep.with_options(task_runner=runner)(members, "killed", project, results
 """
 
 
-@pytest.mark.slow  # starts Prefect's ephemeral server in two processes (about 40 s here)
+@pytest.mark.slow  # runs two sweeps in processes of their own
+@pytest.mark.usefixtures("prefect_home")
 def test_a_sweep_killed_midway_reruns_only_the_members_whose_results_were_not_persisted(project, tmp_path):
     """The sweep runs in a process of its own, killed (SIGKILL, its whole process group) once a member has
-    persisted its result and the next is midway; a second process reruns the sweep. One member at a time."""
+    persisted its result and the next is midway; a second process reruns the sweep. One member at a time.
+    Both talk to this module's ephemeral API server, which the kill does not touch (and which a busy machine
+    would otherwise start twice more)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the module's own, as Prefect's ephemeral mode uses it
+    server.start(timeout=300)
     script, records, results = tmp_path / "sweep.py", tmp_path / "records", tmp_path / "results"
     script.write_text(KILLED_SWEEP)
     records.mkdir()
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PYTHONPATH": str(Path.cwd())}
-    env.pop("PREFECT_API_URL", None)
+    env = {**os.environ, "PREFECT_API_URL": server.api_url, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, str(script), str(project), str(records), str(results)]
     source = placement.source_identity(project)
     keys = {f"seed-{i}": placement.member_cache_key(None, {
