@@ -55,17 +55,18 @@ def test_every_benchmark_row_names_its_device_and_precision():
     assert rows[0]["device"] == "cpu" and rows[0]["precision"] == "bf16"
 
 
-def test_each_sweep_member_sees_one_gpu_in_turn_and_none_is_set_without_gpus():
-    from pipeline.flows.dvc_flows import member_gpu_env
+def test_a_sweep_member_sees_only_its_workers_gpus_and_a_cpu_member_sees_none():
+    from pipeline.flows.placement import PlacementError, member_gpu_env
 
-    assert [member_gpu_env(i, ["0", "1", "2"]) for i in range(4)] == [
-        {"CUDA_VISIBLE_DEVICES": g} for g in ("0", "1", "2", "0")]
-    assert member_gpu_env(1, ["4", "6"]) == {"CUDA_VISIBLE_DEVICES": "6"}  # within the GPUs the worker was given
-    assert member_gpu_env(0, []) == {}
+    assert member_gpu_env(["6"], 1) == {"CUDA_VISIBLE_DEVICES": "6"}  # the GPU its Dask worker owns
+    assert member_gpu_env(["2", "3"], 2) == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert member_gpu_env(["0", "1"], 0) == {"CUDA_VISIBLE_DEVICES": ""}  # hidden: it asked for none
+    with pytest.raises(PlacementError, match="needs 2 GPU"):
+        member_gpu_env(["0"], 2)
 
 
 def test_the_visible_gpus_are_those_cuda_visible_devices_names(monkeypatch):
-    from pipeline.flows.dvc_flows import visible_gpus
+    from pipeline.flows.placement import visible_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
     assert visible_gpus() == ["2", "3"]

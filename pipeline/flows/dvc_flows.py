@@ -4,13 +4,15 @@ DVC is the one cache of record. A stage task runs `dvc repro <stage>` in the exp
 DVC alone decides what is stale, exactly as on the command line, and records what ran in dvc.lock and in
 its run-cache. With a DVC remote, the task first pulls the stage's inputs and the run-cache, and pushes its
 outputs and the run-cache after, so a worker on another machine restores what any worker (or a plain
-`dvc repro`) already computed. Prefect adds scheduling, retries, logs and parallel sweeps; it caches
-nothing of its own, so the two can never disagree.
+`dvc repro`) already computed. Prefect adds scheduling, retries, logs and parallel sweeps; of a stage it
+caches nothing, so the two can never disagree. Of a sweep it persists each finished member's result, so a rerun
+skips whole members (pipeline/flows/placement.py, which also places members on GPUs).
 
     python -m pipeline.flows experiment -S prune.step=0.05                  # ephemeral: no server needed
     python -m pipeline.flows sweep steps -m prune.step=0.05 -m prune.step=0.2 --workers 2
     python -m pipeline.flows experiment --params-file experiments/bert-base-mnli.yaml   # a whole params file
     python -m pipeline.flows sweep paper --member-file experiments/bert-base-sst2.yaml --member-file ...
+    python -m pipeline.flows sweep seeds -m seed=0 -m seed=1 --gpus-per-member 1 --result-storage s3://bucket/r
 """
 
 from __future__ import annotations
@@ -37,20 +39,38 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.context import FlowRunContext  # noqa: E402
 from prefect.exceptions import MissingContextError  # noqa: E402
-from prefect_dask import DaskTaskRunner  # noqa: E402
 from ruamel.yaml import YAML  # noqa: E402
 
 from pipeline.config.params import ParamsError, parse_params  # noqa: E402
 from pipeline.files.atomic import staged_dir, write_csv, write_text  # noqa: E402
 from pipeline.files.schema import CLASSIFICATION, TASK_PIPELINES, TRANSLATION  # noqa: E402
+from pipeline.flows.placement import (  # noqa: E402
+    PlacementError,
+    declared_gpus,
+    gpu_slots,
+    member_gpu_env,
+    persisted,
+    resolve_gpus_per_member,
+    result_storage,
+    source_identity,
+    submit_members,
+    sweep_task_runner,
+    task_runner_client,
+    visible_gpus,
+    worker_gpus,
+    working_tree_changes,
+)
 
 # The DVC remote that workers share, as a URL (s3://bucket/path, a local folder in tests); a flow's
 # `dvc_remote` parameter takes precedence. It is registered in each workspace as the remote "flows".
 REMOTE_ENV = "SIXTEEN_HEADS_DVC_REMOTE"
 REMOTE_NAME = "flows"
-# Sweep members' workspaces, beside the project (git- and DVC-ignored).
+# Sweep members' workspaces, beside the project (git- and DVC-ignored), and their persisted results (without a
+# DVC remote; with one, they go beside it, where workers on other machines find them).
 SWEEPS_DIR = ".sweeps"
+RESULTS_DIR = f"{SWEEPS_DIR}/.results"
 
 _STAGE_LINE = {
     "ran": re.compile(r"Running stage '([^']+)'"),
@@ -297,60 +317,29 @@ def make_workspace(root: Path, dest: Path) -> Path:
 
     Built in a staging folder that replaces `dest` only when complete: a killed build leaves the previous
     workspace (or none), never a clone without the changes or the shared cache that a later run would trust."""
-    git_files = ["git", "ls-files", "-z", "--exclude-standard"]
-    changed = subprocess.run([*git_files, "--modified", "--others"], cwd=root, check=True, capture_output=True,
-                             text=True).stdout.split("\0")
-    deleted = subprocess.run([*git_files, "--deleted"], cwd=root, check=True, capture_output=True,
-                             text=True).stdout.split("\0")
+    changed, deleted = working_tree_changes(root)
     cache = run_dvc(["cache", "dir"], root).strip().splitlines()[-1]
     with staged_dir(dest) as staging:
         subprocess.run(["git", "clone", "--quiet", "--shared", str(root), str(staging)], check=True)
-        for name in filter(None, changed):
+        for name in changed:
             if (root / name).is_file():
                 (staging / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(root / name, staging / name)
-        for name in filter(None, deleted):
+        for name in deleted:
             (staging / name).unlink(missing_ok=True)
         run_dvc(["cache", "dir", "--local", cache], staging)
     return dest
 
 
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them: that variable's list when it is set,
-    else one per GPU that `nvidia-smi -L` lists (none without a driver). No torch import: flows stay light."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return [d.strip() for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    listed = subprocess.run([smi, "-L"], capture_output=True, text=True)
-    count = sum(line.startswith("GPU ") for line in listed.stdout.splitlines()) if listed.returncode == 0 else 0
-    return [str(i) for i in range(count)]
-
-
-def member_gpu_env(index: int, gpus: Sequence[str]) -> dict[str, str]:
-    """Member `index` of a sweep sees one GPU, gpus[index mod len(gpus)], as its stages' only device (cuda:0);
-    nothing is set without GPUs. On a Kubernetes Dask worker that requested one GPU, that is its own."""
-    return {"CUDA_VISIBLE_DEVICES": gpus[index % len(gpus)]} if gpus else {}
-
-
 @task(name="sweep-member", task_run_name="{member}")
 def sweep_member(workspace: str, sweep_name: str, member: str, overrides: dict[str, Any], pipeline: str,
-                 dvc_remote: str | None, retries: int, params_file: str | None = None, index: int = 0) -> dict:
+                 dvc_remote: str | None, retries: int, params_file: str | None = None, gpus_per_member: int = 0,
+                 source: str = "") -> dict:
+    """One member of a sweep, in its own workspace, on the GPUs of the Dask worker it runs on. `source` (the
+    project's source_identity) is not used here: it is part of the key the member's result is persisted under."""
     dest = make_workspace(Path(workspace), Path(workspace) / SWEEPS_DIR / sweep_name / member)
-    # The GPUs are counted where the member runs (its Dask worker), not where the sweep was started.
     return experiment(overrides, str(dest), pipeline, dvc_remote, retries, params_file=params_file,
-                      env=member_gpu_env(index, visible_gpus()))
-
-
-def sweep_task_runner(address: str | None = None, workers: int = 2) -> DaskTaskRunner:
-    """A Dask cluster at `address` (or $DASK_SCHEDULER_ADDRESS, Dask's own setting); else a LocalCluster
-    of `workers` threads. A member's work runs in `dvc repro` subprocesses, so threads suffice, and they
-    share the flow process's Prefect API (worker processes could not reach an ephemeral server)."""
-    address = address or os.environ.get("DASK_SCHEDULER_ADDRESS")
-    if address:
-        return DaskTaskRunner(address=address)
-    return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": False})
+                      env=member_gpu_env(worker_gpus(), gpus_per_member))
 
 
 def comparison_table(members: Mapping[str, Mapping[str, Any]], results: Mapping[str, dict],
@@ -364,14 +353,36 @@ def comparison_table(members: Mapping[str, Mapping[str, Any]], results: Mapping[
     return pd.DataFrame(rows)
 
 
+def member_results(futures: Mapping[str, Any]) -> dict[str, dict]:
+    """Every member's result, once all have ended: a failing member does not stop the others, so that theirs
+    persist and a rerun runs only the failed. StageFailed naming the failed members (and the first's error)."""
+    results, failed = {}, {}
+    for member, future in futures.items():
+        try:
+            results[member] = future.result()
+        except Exception as error:  # any member's error: reported below, after the others have finished
+            failed[member] = error
+    if failed:
+        first, error = next(iter(failed.items()))
+        raise StageFailed(f"{len(failed)} of {len(futures)} sweep members failed ({', '.join(failed)}); the others' "
+                          f"results are kept, so a rerun runs only these. {first}: {error}")
+    return results
+
+
 @flow(name="sweep", task_runner=sweep_task_runner())
 def sweep(members: dict[str, dict[str, Any]], name: str = "sweep", workspace: str = ".",
           pipeline: str = "dvc.yaml", dvc_remote: str | None = None, retries: int = 2,
-          params_files: dict[str, str] | None = None) -> str:
+          params_files: dict[str, str] | None = None, gpus_per_member: int | None = None,
+          results: str | None = None, refresh: bool = False) -> str:
     """The experiment flow once per member ({"step-05": {"prune.step": 0.05}, ...}), in parallel, each in
     its own workspace under .sweeps/<name>/; the comparison table goes to reports/sweeps/<name>/.
     `params_files` ({"bert-base-sst2": "experiments/bert-base-sst2.yaml"}, relative to the workspace) gives a
-    member a whole params file of its own, which its overrides then change."""
+    member a whole params file of its own, which its overrides then change.
+
+    Each member asks its Dask worker for `gpus_per_member` GPUs (None: 1 if any worker declares a GPU, else 0)
+    and sees only those. Each finished member's result persists at `results` (a folder or fsspec URL; default
+    .sweeps/.results, or prefect-results beside the DVC remote), so a rerun runs only the members that did not
+    finish, unless `refresh`."""
     root = Path(workspace).resolve()
     params_files = params_files or {}
     if not members:
@@ -387,11 +398,19 @@ def sweep(members: dict[str, dict[str, Any]], name: str = "sweep", workspace: st
                 overridden_params(root / Path(pipeline).parent / "params.yaml", overrides)
         except ParamsError as error:
             raise ParamsError(f"sweep member {member!r}: {error}") from None
-    futures = {member: sweep_member.submit(str(root), name, member, overrides, pipeline, dvc_remote, retries,
-                                           params_files.get(member), index)
-               for index, (member, overrides) in enumerate(members.items())}
-    table = comparison_table(members, {member: future.result() for member, future in futures.items()},
-                             params_files)
+    client = task_runner_client(FlowRunContext.get().task_runner)
+    per_member = resolve_gpus_per_member(gpus_per_member, declared_gpus(client) if client else [])
+    remote = dvc_remote or os.environ.get(REMOTE_ENV)
+    storage = results or (f"{remote.rstrip('/')}/prefect-results" if remote else str(root / RESULTS_DIR))
+    member_task = persisted(sweep_member, result_storage(storage), refresh)
+    source = source_identity(root)
+    _logger().info("sweep %s: %d members, %d GPU(s) each; results at %s", name, len(members), per_member, storage)
+    futures = submit_members(member_task, {
+        member: {"workspace": str(root), "sweep_name": name, "member": member, "overrides": overrides,
+                 "pipeline": pipeline, "dvc_remote": dvc_remote, "retries": retries,
+                 "params_file": params_files.get(member), "gpus_per_member": per_member, "source": source}
+        for member, overrides in members.items()}, per_member)
+    table = comparison_table(members, member_results(futures), params_files)
     out = root / "reports" / "sweeps" / name
     write_csv(out / "comparison.csv", table)
     write_text(out / "comparison.md", table.to_markdown(index=False) + "\n")
@@ -421,8 +440,16 @@ def main(argv: list[str] | None = None) -> None:
                       help="one member's overrides, space-separated (repeat for each member)")
     many.add_argument("--member-file", action="append", default=[], metavar="FILE",
                       help="one member that runs a whole params file, named after it (repeat for each member)")
-    many.add_argument("--workers", type=int, default=2, help="Dask LocalCluster workers (without an address)")
+    many.add_argument("--workers", type=int, help="Dask LocalCluster workers, without an address (default: one "
+                                                     "per GPU group, else 2)")
     many.add_argument("--address", help="a Dask scheduler's address (default: $DASK_SCHEDULER_ADDRESS)")
+    many.add_argument("--gpus-per-member", type=int, metavar="N",
+                      help="GPUs (the Dask worker resource GPU) each member asks for and sees; 0: CPU members "
+                           "(default: 1 if the cluster has GPUs, else 0)")
+    many.add_argument("--result-storage", metavar="URL",
+                      help="where finished members' results persist, so a rerun skips them: a folder or fsspec URL "
+                           f"(default: {RESULTS_DIR}, or prefect-results beside the DVC remote)")
+    many.add_argument("--refresh", action="store_true", help="rerun every member, finished or not")
     for sub in (one, many):
         sub.add_argument("--pipeline", default="dvc.yaml", help=", ".join(TASK_PIPELINES.values()))
         sub.add_argument("--dvc-remote", help=f"a DVC remote URL workers share (default: ${REMOTE_ENV})")
@@ -448,10 +475,15 @@ def main(argv: list[str] | None = None) -> None:
                     raise ParamsError(f"sweep: two members named {member!r} ({path})")
                 experiment_params(Path(path), {}, pipeline_task(Path("."), args.pipeline))
                 members[member], params_files[member] = {}, path
-            runner = sweep_task_runner(args.address, args.workers)
+            address = args.address or os.environ.get("DASK_SCHEDULER_ADDRESS")
+            if not address and args.gpus_per_member:  # checked here too, before Prefect starts
+                gpu_slots(visible_gpus(), args.gpus_per_member)
+            runner = sweep_task_runner(address, args.workers, args.gpus_per_member)
             sweep.with_options(task_runner=runner)(members, args.name, ".", args.pipeline, args.dvc_remote,
-                                                   args.retries, params_files=params_files)
-    except (ParamsError, StageFailed) as error:
+                                                   args.retries, params_files=params_files,
+                                                   gpus_per_member=args.gpus_per_member,
+                                                   results=args.result_storage, refresh=args.refresh)
+    except (ParamsError, StageFailed, PlacementError) as error:
         raise SystemExit(f"error: {error}") from None
 
 
