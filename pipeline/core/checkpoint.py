@@ -284,6 +284,19 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def read_pruning_record(record_file: Path) -> dict | None:
+    """The folder's pruning record, None where it has none; a damaged one raises ValueError naming the file."""
+    if not record_file.exists():
+        return None
+    with reading(record_file, ValueError):
+        try:
+            record = json.loads(record_file.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
+        _format_version(record, record_file)
+    return record
+
+
 def load_model(path: str | Path, model_class: type | None = None, trust_remote_code: bool = False,
                **kwargs) -> nn.Module:
     """Load a pruned folder written by `save_model`, an ordinary Hugging Face folder, or a hub id.
@@ -295,14 +308,7 @@ def load_model(path: str | Path, model_class: type | None = None, trust_remote_c
     """
     local = Path(path)
     record_file = local / PRUNING_FILE
-    record = None
-    if record_file.exists():
-        with reading(record_file, ValueError):
-            try:
-                record = json.loads(record_file.read_text())
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
-            _format_version(record, record_file)
+    record = read_pruning_record(record_file)
     if record is None or record.get(STOCK):
         config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         cls = model_class or _model_class(config)
@@ -344,14 +350,7 @@ def model_skeleton(path: str | Path, trust_remote_code: bool = False, **kwargs) 
 
     local = Path(path)
     record_file = local / PRUNING_FILE
-    record = None
-    if record_file.exists():
-        with reading(record_file, ValueError):
-            try:
-                record = json.loads(record_file.read_text())
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{record_file}: not a valid pruning record (bad JSON: {error})") from error
-            _format_version(record, record_file)
+    record = read_pruning_record(record_file)
     config = transformers.AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
     with init_empty_weights():
         model = _model_class(config)._from_config(config, **kwargs)
