@@ -138,21 +138,18 @@ from tests.tiny_models import tiny_batch
 placement, folder = sys.argv[1], sys.argv[2]
 
 
-def peak_rss():  # VmHWM: this process's own peak (ru_maxrss would carry over the forking parent's)
-    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-
-
 torch.set_num_threads(1)
 data = [tiny_batch("llama", batch_size=2, length=16, seed=b) for b in range(2)]
 from pipeline.core.checkpoint import load_model
 from pipeline.core.importance import token_head_importance
 from pipeline.core.layerwise import LayerwiseModel, layerwise_token_head_importance
-baseline = peak_rss()
+from pipeline.core.timer import peak_rss_bytes
+baseline = peak_rss_bytes()
 if placement == "whole":
     scores = token_head_importance(load_model(folder), data, progress=False)[0]
 else:
     scores = layerwise_token_head_importance(LayerwiseModel.from_folder(folder), data, progress=False)[0]
-peak = peak_rss()
+peak = peak_rss_bytes()
 torch.save(torch.cat(scores), f"{folder}/{placement}.pt")
 print(baseline, peak)
 """

@@ -36,12 +36,13 @@ def tiny_params(**sections) -> object:
 
 
 # In a child process: build the tiny model, run the stage's own computation once, and print the peak RSS above the
-# process's baseline after its imports (ru_maxrss is the high-water mark).
+# process's RSS after its imports (the peak restarts there, so neither the imports nor pytest's own size count).
 CHILD = textwrap.dedent("""
-    import json, resource, sys
-    import psutil, torch
+    import json, sys
+    import torch
     from pipeline.core.importance import token_head_importance
     from pipeline.core.runtime import Runtime
+    from pipeline.core.timer import peak_rss_bytes
     from pipeline.tasks.language_modeling.llama import new_llama
     from pipeline.tasks.language_modeling.training import RecoveryConfig, recover_language_model
     import peft, transformers
@@ -54,7 +55,7 @@ CHILD = textwrap.dedent("""
         intermediate_size=cfg["intermediate_size"], max_position_embeddings=cfg["length"], tie_word_embeddings=True,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)
     runtime = Runtime(precision="bf16")
-    base = psutil.Process().memory_info().rss
+    base = peak_rss_bytes(reset=True)
     model = new_llama(config)
     if stage == "score":
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
@@ -63,7 +64,7 @@ CHILD = textwrap.dedent("""
     else:
         recover_language_model(model, ids.tolist(), 0, RecoveryConfig(steps=2, batch_size=cfg["batch"], rank=8,
                                dropout=0.05, warmup_steps=1), progress=False, runtime=runtime)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
+    print(peak_rss_bytes() - base)
 """)
 
 

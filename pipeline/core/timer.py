@@ -7,7 +7,8 @@ group's rounds span the whole measurement. `speedup_ratio` reads a speedup from 
 rounds (the median of the rounds' ratios, their interquartile range and their range: `Ratio`), and
 `ratio_columns` writes it as a benchmark row's columns. The range of n rounds is a distribution-free confidence
 interval for the median ratio (it misses the median with probability 2 / 2**n: 98% at 7 rounds), so two runs whose
-ranges do not overlap differ by more than the machine's noise. `peak_allocated_mib` measures one call's peak memory.
+ranges do not overlap differ by more than the machine's noise. `peak_allocated_mib` measures one call's peak memory;
+`peak_rss_bytes` reads the process's own high-water mark of resident memory.
 
 Nothing here knows about models: the benchmarks (pipeline/methods/bench.py, pipeline/methods/llm_bench.py), the
 latency budget (pipeline/methods/budgeted_costs.py) and the width probe (pipeline/methods/widths.py) hand it
@@ -21,6 +22,7 @@ import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -161,3 +163,16 @@ def peak_allocated_mib(fn: Callable[[], object], runtime: Runtime = CPU_FP32) ->
         live += event.nbytes()
         peak = max(peak, live)
     return peak / 2**20
+
+
+def peak_rss_bytes(reset: bool = False) -> int:
+    """This process's peak resident memory in bytes (Linux's VmHWM), or, with `reset`, its resident memory now,
+    which the peak restarts from (a later call reads the peak since).
+
+    Not `ru_maxrss`: a child started by fork and exec inherits its parent's high-water mark there, so a child of a
+    1.2 GB pytest process reported 988 MiB for a peak of 490 MiB.
+    """
+    if reset:
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS to the current RSS (Linux 4.0+)
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))

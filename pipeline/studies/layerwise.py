@@ -26,15 +26,10 @@ from pipeline.config.params import parse_params
 from pipeline.core.checkpoint import model_skeleton
 from pipeline.core.importance import HeadChoice
 from pipeline.core.sites import attention_sites
+from pipeline.core.timer import peak_rss_bytes
 from pipeline.files.schema import LAYERWISE, PRECISIONS, WHOLE
 from pipeline.methods.pruning import heads_for, pruning_levels
 from pipeline.run.experiment import Experiment
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory (VmHWM: its own, where ru_maxrss carries over a forking parent's)."""
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 
 def experiment(params_file: str, placement: str, precision: str) -> Experiment:
