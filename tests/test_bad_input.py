@@ -296,7 +296,7 @@ def test_weights_that_are_absent_or_unreadable_are_named(project):
     (Path(folder) / "model.safetensors").write_bytes(b"\x00" * 5)
     assert only(problems(model={"name_or_path": folder})) == (
         "model.name_or_path: broken/model.safetensors is not a readable safetensors file (its header is cut short); "
-        "save the model again with save_pretrained")
+        "copy or save the model again")
     (Path(folder) / "model.safetensors").write_bytes((4).to_bytes(8, "little") + b"{no}")
     assert "(its header is not JSON)" in only(problems(model={"name_or_path": folder}))
 
@@ -344,7 +344,88 @@ def test_a_gguf_file_of_an_unsupported_architecture_is_refused(project):
     writer.close()
     assert only(problems(model={"name_or_path": "mamba.gguf"})).startswith(
         "model.name_or_path: mamba.gguf is a GGUF file of architecture mamba, which the head-surgery core does not "
-        "support; supported families: bart, bert,")
+        "read from GGUF; supported architectures (llama.cpp's names): gemma3, gpt2, llama, qwen2, qwen3")
+
+
+# --- damaged weights: the user's file named, nothing written -------------------------------------------------------
+
+
+def test_a_truncated_model_safetensors_is_named_as_the_users_file(project):
+    folder = copy_of_tiny_model("cut")
+    weights = Path(folder) / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()  # a link to the shared tiny model: cut a copy
+    weights.write_bytes(data[:-100])
+    assert only(problems(model={"name_or_path": folder})) == (
+        f"model.name_or_path: cut/model.safetensors is not a readable safetensors file (it is truncated: its tensors "
+        f"end at byte {len(data):,}, but the file has {len(data) - 100:,} bytes); copy or save the model again")
+
+
+def sharded_copy_of_tiny_model(name: str) -> Path:
+    """The tiny model saved in shards of a few KB, as large checkpoints are (model.safetensors.index.json)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained("tiny_model")
+    model.save_pretrained(name, max_shard_size="8KB")
+    AutoTokenizer.from_pretrained("tiny_model").save_pretrained(name)
+    return Path(name)
+
+
+def test_a_sharded_folder_missing_a_shard_or_with_a_truncated_one_is_named_shard_by_shard(project):
+    folder = sharded_copy_of_tiny_model("sharded")
+    shards = sorted(folder.glob("model-*.safetensors"))
+    assert len(shards) > 2 and problems(model={"name_or_path": str(folder)}) == []
+    shards[1].unlink()
+    shards[2].write_bytes(shards[2].read_bytes()[:-1])
+    found = problems(model={"name_or_path": str(folder)})
+    assert found[0] == (f"model.name_or_path: {shards[1]} is missing: model.safetensors.index.json names it as one of "
+                        f"the model's {len(shards)} shards; copy the whole folder again")
+    assert found[1].startswith(f"model.name_or_path: {shards[2]} is not a readable safetensors file (it is truncated")
+    assert len(found) == 2
+
+
+def test_a_truncated_gguf_is_named_as_the_users_file(project, tiny_gguf):
+    import gguf
+
+    from tests.tiny_gguf import tiny_gqa_llama, write_tiny_gguf
+
+    last = max(gguf.GGUFReader(tiny_gguf).tensors, key=lambda t: t.data_offset)
+    write_tiny_gguf(Path("cut.gguf"), tiny_gqa_llama(), truncate=1000)
+    assert only(lm_problems("cut.gguf")) == (
+        f"model.name_or_path: cut.gguf is a damaged GGUF file (its tensors end at byte "
+        f"{last.data_offset + last.n_bytes:,} ({last.name}), but the file has {tiny_gguf.stat().st_size - 1000:,} "
+        f"bytes); copy or download it again")
+
+
+@pytest.mark.parametrize("damage", ["truncated-gguf", "truncated-safetensors", "missing-shard"])
+def test_python_m_pipeline_checks_refuses_damaged_weights_in_one_line_writing_nothing(project, tiny_gguf, damage):
+    """The issue's three damaged inputs, through the real command: one error line naming the user's file, no
+    artifacts/ or reports/ folder, and dvc.lock untouched."""
+    from tests.tiny_gguf import tiny_gqa_llama, write_tiny_gguf
+
+    if damage == "truncated-gguf":
+        name, bad = "cut.gguf", "cut.gguf"
+        write_tiny_gguf(Path(name), tiny_gqa_llama(), truncate=1000)
+        lm_problems(name)  # writes llm.yaml
+        params = "llm.yaml"
+    else:
+        folder = copy_of_tiny_model("cut") if damage == "truncated-safetensors" else sharded_copy_of_tiny_model("cut")
+        bad = sorted(Path(folder).glob("model*.safetensors"))[-1]
+        if damage == "missing-shard":
+            bad.unlink()
+        else:
+            data = bad.read_bytes()
+            bad.unlink()  # a link to the shared tiny model when not sharded: cut a copy
+            bad.write_bytes(data[:-10])
+        problems(model={"name_or_path": str(folder)})
+        params = "params.yaml"
+    Path("dvc.lock").write_text("unchanged\n")
+    result = run(["-m", "pipeline.checks", "--params", params], project)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"error: model.name_or_path: {bad} ") and "Traceback" not in result.stderr
+    assert "output of stage" not in result.stderr  # the user's input, not a pipeline output
+    assert not Path("artifacts").exists() and not Path("reports").exists()
+    assert Path("dvc.lock").read_text() == "unchanged\n"
 
 
 # --- levels to save that the model's shape cannot take ------------------------------------------------------------

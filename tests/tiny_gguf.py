@@ -35,6 +35,32 @@ def tiny_gqa_llama(seed: int = 0, layers: int = 2) -> transformers.LlamaForCausa
     return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
 
 
+def tiny_decoder(model_type: str, seed: int = 0, kv_heads: int = 3) -> transformers.PreTrainedModel:
+    """A random 2-layer decoder of another family that transformers reads from GGUF, sized for `vocabulary()`, in
+    the shapes its GGUF reader can express: Qwen2's head size is hidden / heads (the reader takes no other), Qwen3's
+    128 (the reader's default), Gemma 3's attention scale its default 256 (no GGUF key states it), GPT-2's context
+    1,024 positions (the reader puts context_length in n_ctx, which GPT2Config ignores for its default n_positions)."""
+    common = dict(vocab_size=len(vocabulary()), num_hidden_layers=2, max_position_embeddings=64,
+                  tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS)
+    gqa = dict(common, hidden_size=36, intermediate_size=37, num_attention_heads=9, num_key_value_heads=kv_heads,
+               rms_norm_eps=1e-6)
+    configs = {
+        "mistral": lambda: transformers.MistralConfig(**gqa, head_dim=6, sliding_window=None),
+        "qwen2": lambda: transformers.Qwen2Config(**gqa),
+        "qwen3": lambda: transformers.Qwen3Config(**{**gqa, "hidden_size": 32}, head_dim=128),
+        "gemma3_text": lambda: transformers.Gemma3TextConfig(**gqa, head_dim=6, sliding_window=4),
+        "gpt2": lambda: transformers.GPT2Config(vocab_size=len(vocabulary()), n_embd=32, n_layer=2, n_head=4,
+                                                n_positions=1024, bos_token_id=BOS, eos_token_id=EOS),
+    }
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(configs[model_type](), attn_implementation="eager").eval()
+
+
+# llama.cpp's architecture name of each family (convert_hf_to_gguf.py): Mistral's files say llama.
+LLAMA_CPP_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3",
+                  "gpt2": "gpt2"}
+
+
 def _llama_cpp_order(weight: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's row order of a query or key projection (convert_hf_to_gguf.py, LlamaModel.permute): within each
     head, the two rotary halves interleaved. transformers' GGUF loader undoes it."""
@@ -42,21 +68,59 @@ def _llama_cpp_order(weight: np.ndarray, heads: int) -> np.ndarray:
         weight.shape)
 
 
-def write_tiny_gguf(path: Path, model: transformers.LlamaForCausalLM, tokenizer: bool = True) -> Path:
-    """`model` as a GGUF file at `path`; without `tokenizer`, a file with no tokenizer.ggml.* metadata."""
-    c = model.config
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name("tiny llama")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+def _llama_cpp_tensor(model_type: str, name: str, weight: np.ndarray, c) -> np.ndarray:
+    """A weight as llama.cpp's converter stores it for the family."""
+    if model_type in ("llama", "mistral") and ".q_proj." in name:
+        return _llama_cpp_order(weight, c.num_attention_heads)
+    if model_type in ("llama", "mistral") and ".k_proj." in name:
+        return _llama_cpp_order(weight, c.num_key_value_heads)
+    if model_type == "gemma3_text" and name.endswith("norm.weight"):
+        return weight + 1  # Gemma's norms multiply by 1 + weight; llama.cpp stores the factor
+    if model_type == "gpt2" and name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+        return weight.T  # GPT-2's Conv1D keeps (in, out); ggml wants (out, in)
+    return weight
+
+
+def _shape_keys(writer: gguf.GGUFWriter, model_type: str, c) -> None:
+    if model_type == "gpt2":
+        writer.add_context_length(c.n_positions)
+        writer.add_embedding_length(c.n_embd)
+        writer.add_block_count(c.n_layer)
+        writer.add_feed_forward_length(4 * c.n_embd)
+        writer.add_head_count(c.n_head)
+        writer.add_layer_norm_eps(c.layer_norm_epsilon)
+        return
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     writer.add_block_count(c.num_hidden_layers)
     writer.add_feed_forward_length(c.intermediate_size)
     writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_rope_dimension_count(c.head_dim)
-    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if model_type in ("llama", "mistral"):
+        writer.add_rope_dimension_count(head_dim)
+    else:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)
+    writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if model_type == "gemma3_text":
+        writer.add_sliding_window(c.sliding_window)
+
+
+def write_tiny_gguf(path: Path, model: transformers.PreTrainedModel, tokenizer: bool = True,
+                    truncate: int = 0) -> Path:
+    """`model` (a Llama, or any family of `LLAMA_CPP_ARCH`) as llama.cpp's converter writes it, at `path`; without
+    `tokenizer`, a file with no tokenizer.ggml.* metadata; with `truncate`, that many bytes cut off its end (a copy
+    that stopped early)."""
+    c = model.config
+    model_type = c.model_type
+    arch = LLAMA_CPP_ARCH[model_type]
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(f"tiny {model_type}")  # "mistral" in the name is what makes transformers read a Mistral
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _shape_keys(writer, model_type, c)
     writer.add_vocab_size(c.vocab_size)
     if tokenizer:
         tokens = vocabulary()
@@ -70,19 +134,20 @@ def write_tiny_gguf(path: Path, model: transformers.LlamaForCausalLM, tokenizer:
         writer.add_eos_token_id(EOS)
         writer.add_pad_token_id(EOS)
         writer.add_add_bos_token(False)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], 2 if model_type == "gpt2" else
+                                     c.num_hidden_layers)
     for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue  # llama.cpp writes no output matrix for tied embeddings
+        if name == "lm_head.weight" and c.tie_word_embeddings and model_type != "gpt2":
+            continue  # llama.cpp writes no output matrix for tied embeddings (GPT-2's converter copies it)
         base, suffix = name.rsplit(".", 1)
-        weight = tensor.detach().float().numpy()
-        if base.endswith("q_proj"):
-            weight = _llama_cpp_order(weight, c.num_attention_heads)
-        elif base.endswith("k_proj"):
-            weight = _llama_cpp_order(weight, c.num_key_value_heads)
+        weight = _llama_cpp_tensor(model_type, name, tensor.detach().float().numpy(), c)
         writer.add_tensor(f"{names.get_name(base)}.{suffix}", np.ascontiguousarray(weight))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    if truncate:
+        data = path.read_bytes()
+        path.write_bytes(data[:-truncate])
     return path
+

@@ -105,6 +105,56 @@ def read_metadata(path: Path, keys: Collection[str]) -> dict[str, object]:
     return found
 
 
+def _tensor_bytes(dims: list[int], kind: int) -> int | None:
+    """The bytes of a tensor of shape `dims` in ggml type `kind`: whole blocks of `block` values, `size` bytes each
+    (gguf's GGML_QUANT_SIZES); None for a type this gguf package does not know."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # numpy: only for a header that got this far
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        return None
+    count = 1
+    for d in dims:
+        count *= d
+    return count // block * size
+
+
+def truncation(path: Path) -> str | None:
+    """Why the GGUF file `path` cannot hold the tensors its header lists (a truncated or cut-short copy: transformers
+    would fail deep in a reshape), or None when every tensor ends within the file. Reads the whole header (every
+    metadata value skipped, then each tensor's name, shape, type and offset), never the tensors."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if f.read(4) != MAGIC:
+                raise GGUFError(f"{path} is not a GGUF file (it does not start with {MAGIC.decode()})")
+            _version, tensors, count = _unpack(f, "<IQQ")
+            alignment = 32  # GGUF's default; general.alignment overrides it
+            for _ in range(count):
+                key = _read_string(f)
+                (kind,) = _unpack(f, "<I")
+                value = _read_value(f, kind, keep=key == "general.alignment")
+                if key == "general.alignment" and isinstance(value, int) and value > 0:
+                    alignment = value
+            extents = []
+            for _ in range(tensors):
+                name = _read_string(f)
+                (dims,) = _unpack(f, "<I")
+                shape = list(_unpack(f, f"<{dims}Q"))
+                kind, offset = _unpack(f, "<IQ")
+                extents.append((name, _tensor_bytes(shape, kind), offset))
+            start = -(-f.tell() // alignment) * alignment  # the tensor data begins at the next aligned byte
+    except EOFError:
+        return "its header ends early"
+    if not extents:
+        return None
+    end, last = max((start + offset + (n or 0), name) for name, n, offset in extents)
+    if end > size:
+        return f"its tensors end at byte {end:,} ({last}), but the file has {size:,} bytes"
+    return None
+
+
 def convert_gguf(gguf_file: Path, dest: Path) -> Path:
     """Write the model and tokenizer of the GGUF file `gguf_file` to `dest` as a plain Hugging Face folder,
     atomically (a killed conversion leaves no folder): config.json without quantization_config, model.safetensors

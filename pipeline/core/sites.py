@@ -392,6 +392,18 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# A GGUF file's general.architecture is llama.cpp's name for the family, not transformers' model_type; these are the
+# families above that transformers reads from GGUF (modeling_gguf_pytorch_utils.py), by the name llama.cpp writes.
+# llama.cpp writes Mistral's files as "llama" (transformers makes them "mistral" when general.name says so), and
+# Gemma 3's text model as "gemma3", which transformers loads as "gemma3_text". OPT and the encoders have no GGUF form.
+GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3_text",
+    "gpt2": "gpt2",
+}
+
 class UnsupportedModelError(TypeError):
     pass
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from pipeline.core.gguf import SUFFIX, GGUFError, local_gguf, read_metadata
+from pipeline.core.gguf import SUFFIX, GGUFError, local_gguf, read_metadata, truncation
 from pipeline.core.levels import AttentionShape, LevelError, heads_to_save
-from pipeline.core.sites import FAMILIES
+from pipeline.core.sites import FAMILIES, GGUF_ARCHITECTURES
 from pipeline.data.catalog import HubCorpus
 from pipeline.data.local_files import InputError, Table, check_fractions, looks_like_path, missing_path, read_table
 from pipeline.files.schema import DEFAULT, SCRATCH, SPLITS, WHOLE
@@ -116,20 +116,54 @@ def quantization_problem(config: dict, where: str, key: str) -> str | None:
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    """Why `path` is no readable safetensors file (its 8-byte header length and JSON header), or None: the header
-    alone, so a truncated or overwritten weights file is named here, not in a later stage's traceback."""
+    """Why `path` is no readable safetensors file, or None: its 8-byte header length, its JSON header, and the
+    tensors' extents (`data_offsets`, after the header) against the file's size. The header alone, so a truncated or
+    overwritten weights file is named here, as the user's input, not in a later stage's traceback."""
     try:
+        file_size = path.stat().st_size
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
-            header = f.read(size) if size <= path.stat().st_size - 8 else b""
+            header = f.read(size) if size <= file_size - 8 else b""
         if len(header) != size or not header:
             return "its header is cut short"
-        json.loads(header)
+        tensors = json.loads(header)
+        ends = [t["data_offsets"][1] for name, t in tensors.items() if name != "__metadata__"]
     except OSError as error:
         return str(error.strerror or error)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return "its header is not JSON"
+    except (AttributeError, TypeError, KeyError, IndexError):
+        return "its header lists no tensor extents (data_offsets)"
+    end = 8 + size + max(ends, default=0)
+    if end > file_size:
+        return f"it is truncated: its tensors end at byte {end:,}, but the file has {file_size:,} bytes"
     return None
+
+
+def weight_problems(folder: Path, key: str) -> list[str]:
+    """The weight files of `folder` that cannot be what their headers say, each named as the user's file: the single
+    model.safetensors, or each shard a sharded index names (missing or damaged). Before prepare copies anything."""
+    index = folder / WEIGHT_FILES[1]
+    if not index.is_file():
+        single = folder / WEIGHT_FILES[0]
+        why = _safetensors_problem(single) if single.is_file() else None
+        return [] if why is None else [f"{key}: {single} is not a readable safetensors file ({why}); copy or save "
+                                       f"the model again"]
+    try:
+        shards = sorted(set(json.loads(index.read_text("utf-8"))["weight_map"].values()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        return [f"{key}: {index} is not a readable shard index ({type(error).__name__}: {error}); copy or save the "
+                f"model again"]
+    problems = []
+    for shard in shards:
+        path = folder / str(shard)
+        if not path.is_file():
+            problems.append(f"{key}: {path} is missing: {index.name} names it as one of the model's {len(shards)} "
+                            f"shards; copy the whole folder again")
+        elif (why := _safetensors_problem(path)) is not None:
+            problems.append(f"{key}: {path} is not a readable safetensors file ({why}); copy or save the model "
+                            f"again")
+    return problems
 
 
 def model_folder_problems(folder: Path, key: str, accepts: Accepts) -> list[str]:
@@ -157,11 +191,8 @@ def model_folder_problems(folder: Path, key: str, accepts: Accepts) -> list[str]
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         problems.append(f"{key}: {folder} has a {MODEL_CONFIG} but no weights (expected one of "
                         f"{', '.join(WEIGHT_FILES)})")
-    elif (folder / WEIGHT_FILES[0]).is_file():
-        why = _safetensors_problem(folder / WEIGHT_FILES[0])
-        if why is not None:
-            problems.append(f"{key}: {folder / WEIGHT_FILES[0]} is not a readable safetensors file ({why}); save "
-                            f"the model again with save_pretrained")
+    else:
+        problems += weight_problems(folder, key)
     if not (any((folder / name).is_file() for name in TOKENIZER_FILES)
             or any(next(folder.glob(pattern), None) for pattern in TOKENIZER_PATTERNS)):
         problems.append(f"{key}: {folder} has no tokenizer (expected {', '.join(TOKENIZER_FILES)} or a "
@@ -178,14 +209,22 @@ def gguf_problems(path: Path, key: str, accepts: Accepts) -> list[str]:
     except GGUFError as error:
         return [f"{key}: {error}"]
     architecture = header.get("general.architecture")
+    model_type = GGUF_ARCHITECTURES.get(architecture)
     problems = []
-    if architecture not in FAMILIES:  # llama.cpp names these architectures as transformers' model_type does
+    if model_type is None:
         problems.append(f"{key}: {path} is a GGUF file of architecture {architecture or 'not named'}, which the "
-                        f"head-surgery core does not support; supported families: {', '.join(sorted(FAMILIES))}")
-    problems += _not_taken(architecture, f"{path} is a GGUF file of architecture {architecture}", key, accepts)
+                        f"head-surgery core does not read from GGUF; supported architectures (llama.cpp's names): "
+                        f"{', '.join(sorted(GGUF_ARCHITECTURES))}")
+    problems += _not_taken(model_type, f"{path} is a GGUF file of architecture {architecture}", key, accepts)
     if "tokenizer.ggml.model" not in header:
         problems.append(f"{key}: {path} holds no tokenizer (no tokenizer.ggml.* metadata), which prepare needs to "
                         f"convert it into a model folder")
+    try:
+        why = truncation(path)
+    except GGUFError as error:
+        why = str(error).removeprefix(f"{path} ")
+    if why is not None:
+        problems.append(f"{key}: {path} is a damaged GGUF file ({why}); copy or download it again")
     return problems
 
 
