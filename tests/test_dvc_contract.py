@@ -29,7 +29,7 @@ GRAPH = ImportGraph(ROOT)
 
 # Bottom to top: a sub-package may import the ones before it, never one after it.
 LAYERS = ("files", "config", "core", "data", "training", "methods", "run", "report", "tasks", "flows", "checks",
-          "studies")
+          "studies", "export")
 
 
 def test_every_pipeline_file_has_its_deps_generated() -> None:

@@ -151,3 +151,12 @@ def write_tiny_gguf(path: Path, model: transformers.PreTrainedModel, tokenizer: 
         path.write_bytes(data[:-truncate])
     return path
 
+
+def tiny_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    """`vocabulary()` and `MERGES` as a byte-level BPE tokenizer with SmolLM2's special tokens (no BOS added), for a
+    folder saved beside a tiny model."""
+    tokenizer = transformers.GPT2Tokenizer(
+        vocab={token: i for i, token in enumerate(vocabulary())}, merges=[tuple(m.split()) for m in MERGES],
+        unk_token=SPECIALS[UNK], bos_token=SPECIALS[BOS], eos_token=SPECIALS[EOS], pad_token=SPECIALS[EOS])
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS}, replace_extra_special_tokens=False)
+    return tokenizer
