@@ -23,7 +23,7 @@ from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.export.gguf import ExportError, export_gguf
 from pipeline.files.schema import PRUNING_FILE
-from tests.tiny_gguf import BOS, EOS, tiny_decoder, tiny_tokenizer, vocabulary
+from tests.tiny_gguf import BOS, EOS, tiny_decoder, tiny_gemma_tokenizer, tiny_tokenizer, vocabulary
 from tests.tiny_project import ROOT
 
 TEXTS = ["the cat sat on the mat", "  Hello, World! 2024 is 1 year.", "<|im_start|>user\nhi<|im_end|>", ""]
@@ -79,8 +79,10 @@ def families(tmp_path_factory) -> dict[str, Path]:
     folders = {}
     for name, model in [("qwen2", tiny_decoder("qwen2")),  # unpruned: the reader takes head_dim as hidden / heads
                         ("qwen3", prune_uniformly(tiny_decoder("qwen3"), [0, 3, 6], 5)),
-                        ("gemma3_text", prune_uniformly(tiny_decoder("gemma3_text"), [1, 4, 7], 5))]:
-        folders[name] = save_model(model, root / name, tiny_tokenizer())
+                        ("gemma3_text", prune_uniformly(tiny_decoder("gemma3_text", vocab_size=len(
+                            tiny_gemma_tokenizer())), [1, 4, 7], 5))]:
+        tokenizer = tiny_gemma_tokenizer() if name == "gemma3_text" else tiny_tokenizer()
+        folders[name] = save_model(model, root / name, tokenizer)
     return folders
 
 
@@ -176,9 +178,18 @@ def test_qwen2_qwen3_and_gemma3_folders_read_back_with_their_logits(read_back, n
                                atol=1e-5)
 
 
-def test_the_exported_tokenizer_encodes_as_the_folders(read_back):
+def test_the_exported_tokenizer_encodes_as_the_folders_byte_level_bpe_and_gemmas_sentencepiece(read_back):
     for name in ("f32", "qwen3", "gemma3_text"):
         assert read_back[name]["encoded"] == read_back[name]["folder_encoded"]
+    assert read_back["gemma3_text"]["encoded"] != read_back["f32"]["encoded"]  # two tokenizers, not one
+
+
+def test_gemmas_tokenizer_is_written_as_llama_cpps_sentencepiece_with_byte_pieces(exported):
+    reader = gguf.GGUFReader(exported["gemma3_text"][1])
+    assert reader.fields["tokenizer.ggml.model"].contents() == "llama"
+    tokens, types = reader.fields["tokenizer.ggml.tokens"].contents(), reader.fields["tokenizer.ggml.token_type"]
+    kinds = dict(zip(tokens, types.contents(), strict=True))
+    assert (kinds["<0x41>"], kinds["<bos>"], kinds["<unk>"], kinds["▁the"]) == (6, 3, 2, 1)
 
 
 def test_the_file_holds_each_type_as_asked_and_keeps_norms_in_f32(exported):

@@ -35,12 +35,13 @@ def tiny_gqa_llama(seed: int = 0, layers: int = 2) -> transformers.LlamaForCausa
     return transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
 
 
-def tiny_decoder(model_type: str, seed: int = 0, kv_heads: int = 3) -> transformers.PreTrainedModel:
+def tiny_decoder(model_type: str, seed: int = 0, kv_heads: int = 3,
+                 vocab_size: int | None = None) -> transformers.PreTrainedModel:
     """A random 2-layer decoder of another family that transformers reads from GGUF, sized for `vocabulary()`, in
     the shapes its GGUF reader can express: Qwen2's head size is hidden / heads (the reader takes no other), Qwen3's
     128 (the reader's default), Gemma 3's attention scale its default 256 (no GGUF key states it), GPT-2's context
     1,024 positions (the reader puts context_length in n_ctx, which GPT2Config ignores for its default n_positions)."""
-    common = dict(vocab_size=len(vocabulary()), num_hidden_layers=2, max_position_embeddings=64,
+    common = dict(vocab_size=vocab_size or len(vocabulary()), num_hidden_layers=2, max_position_embeddings=64,
                   tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS)
     gqa = dict(common, hidden_size=36, intermediate_size=37, num_attention_heads=9, num_key_value_heads=kv_heads,
                rms_norm_eps=1e-6)
@@ -160,3 +161,13 @@ def tiny_tokenizer() -> transformers.PreTrainedTokenizerBase:
         unk_token=SPECIALS[UNK], bos_token=SPECIALS[BOS], eos_token=SPECIALS[EOS], pad_token=SPECIALS[EOS])
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS}, replace_extra_special_tokens=False)
     return tokenizer
+
+
+def tiny_gemma_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    """A sentencepiece-style BPE as Gemma's (byte fallback, spaces as U+2581, <pad> <eos> <bos> <unk> first), with
+    a few merges: what a real Gemma 3 folder's tokenizer.json holds, small."""
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    merges = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("i", "n"), ("▁", "a"), ("e", "r"), ("o", "n"), ("a", "t")]
+    chars = sorted(set("abcdefghijklmnopqrstuvwxyzHW0123456789,.!?'") | {"▁"})
+    pieces = [*specials, *(f"<0x{i:02X}>" for i in range(256)), *chars, *("".join(m) for m in merges)]
+    return transformers.GemmaTokenizer(vocab={p: i for i, p in enumerate(pieces)}, merges=merges)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from pipeline.core.gguf import SUFFIX
@@ -94,20 +95,30 @@ def _llama_cpp_rows(weight, heads: int):
         weight.shape)
 
 
-def _tokenizer_metadata(writer, folder: Path, config) -> None:
-    """tokenizer.ggml.* from the folder's tokenizer.json: a byte-level BPE (GPT-2's scheme: SmolLM2, Llama 3, Qwen)
-    as llama.cpp's `gpt2` model with its merges; the special tokens as control tokens. Another tokenizer is refused
-    until its round trip is tested."""
+BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")  # a sentencepiece vocabulary's byte-fallback pieces
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6  # llama.cpp's token types
+
+
+def _tokenizer_metadata(writer, folder: Path, config, arch: str) -> None:
+    """tokenizer.ggml.* from the folder's tokenizer.json, in the two schemes whose round trip is tested:
+    - byte-level BPE (GPT-2's: SmolLM2, Llama 3, Qwen) as llama.cpp's `gpt2` model, with its merges and the
+      pre-tokenizer's split named as llama.cpp names it where transformers knows the regex;
+    - Gemma's sentencepiece BPE (byte fallback, spaces as U+2581) as llama.cpp's `llama` model: pieces in vocabulary
+      order, scores falling with the order (Gemma's merge priority), byte pieces as BYTE; the merges too, so
+      transformers rebuilds exactly this tokenizer.
+    Special tokens are control tokens. Any other tokenizer is refused in one line."""
     from transformers import AutoTokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     model = spec.get("model") or {}
-    if model.get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
-        raise ExportError(f"{folder}'s tokenizer is a {model.get('type')} model without byte-level pre-tokenization; "
-                          f"GGUF export writes byte-level BPE tokenizers (GPT-2's scheme, as SmolLM2's and Qwen's)")
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
-
+    pattern = json.dumps(spec.get("pre_tokenizer"))
+    byte_level = model.get("type") == "BPE" and "ByteLevel" in pattern
+    sentencepiece = model.get("type") == "BPE" and model.get("byte_fallback") and arch == "gemma3"
+    if not (byte_level or sentencepiece):
+        raise ExportError(f"{folder}'s tokenizer ({model.get('type')}) is neither a byte-level BPE nor, for Gemma 3, "
+                          f"a sentencepiece BPE with byte fallback; GGUF export writes only those")
     vocab = tokenizer.get_vocab()
     tokens = [""] * max(len(vocab), config.vocab_size)
     for token, index in vocab.items():
@@ -117,20 +128,28 @@ def _tokenizer_metadata(writer, folder: Path, config) -> None:
         if not token:  # rows of the embedding no token uses (a vocabulary padded to a multiple)
             tokens[index] = f"[PAD{index}]"
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    types = [CONTROL if i in special else NORMAL for i in range(len(tokens))]
+    if sentencepiece:
+        types = [BYTE if BYTE_TOKEN.fullmatch(t) else kind for t, kind in zip(tokens, types, strict=True)]
+        if tokenizer.unk_token_id is not None:
+            types[tokenizer.unk_token_id] = UNKNOWN
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    # llama.cpp names the pre-tokenizer's split by model family; transformers reads the names whose regex it knows.
-    pattern = json.dumps(spec.get("pre_tokenizer"))
-    pre = next((name for name, regex in GGUF_PRE_TOKENIZER_SPLITS.items() if json.dumps(regex)[1:-1] in pattern),
-               "default")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
+    if byte_level:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(next((name for name, regex in GGUF_PRE_TOKENIZER_SPLITS.items()
+                                       if json.dumps(regex)[1:-1] in pattern), "default"))
+    else:
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_scores([-float(i) for i in range(len(tokens))])
+        writer.add_add_space_prefix(False)  # Gemma's normalizer only replaces spaces; it prepends none
     writer.add_token_list(tokens)
-    writer.add_token_types([3 if i in special else 1 for i in range(len(tokens))])  # 3: control, 1: normal
+    writer.add_token_types(types)
     writer.add_token_merges(merges)
     for name, token_id in (("bos", tokenizer.bos_token_id), ("eos", tokenizer.eos_token_id),
                            ("unk", tokenizer.unk_token_id), ("pad", tokenizer.pad_token_id)):
         if token_id is not None:
-            getattr(writer, f"add_{name}_token_id" if name != "unk" else "add_unk_token_id")(token_id)
+            getattr(writer, f"add_{name}_token_id")(token_id)
     writer.add_add_bos_token(bool(getattr(tokenizer, "add_bos_token", False)))
     if tokenizer.chat_template:
         writer.add_chat_template(tokenizer.chat_template)
@@ -242,7 +261,7 @@ def export_gguf(folder: Path, dest: Path, out_type: str = "f16") -> Path:
         writer = gguf.GGUFWriter(staging, arch)
         writer.add_file_type(gguf.LlamaFileType[OUTPUT_TYPES[out_type][1]])
         _model_metadata(writer, model.config, arch, folder.resolve().name)
-        _tokenizer_metadata(writer, folder, model.config)
+        _tokenizer_metadata(writer, folder, model.config, arch)
         _add_tensors(writer, model, arch, out_type)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
