@@ -75,3 +75,15 @@ def test_a_gguf_with_one_kv_head_a_layer_has_its_kv_group_levels_refused_naming_
         "key/value groups, taken in whole groups of 9; the levels it can save are none"]
     assert lm_problems("gemma.gguf", uniform=True, save_fractions=[0.333], kv_group_fractions=[]) == []
 
+
+
+def test_a_gpt2_gguf_of_other_than_1024_positions_is_refused_for_transformers_would_build_1024(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = tiny_decoder("gpt2")
+    assert lm_problems(str(write_tiny_gguf(tmp_path / "gpt2.gguf", model)), kv_group_fractions=[]) == []
+    model.config.n_positions = 64  # the header says 64
+    write_tiny_gguf(tmp_path / "short.gguf", model)
+    assert lm_problems("short.gguf", kv_group_fractions=[]) == [
+        "model.name_or_path: short.gguf is a GPT-2 of 64 positions, but transformers' GGUF reader builds every GPT-2 "
+        "with 1,024 (it ignores context_length), so prepare could not convert it; convert the original checkpoint "
+        "instead"]

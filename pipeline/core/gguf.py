@@ -8,7 +8,9 @@ generation_config.json. The folder then loads with stock `from_pretrained(folder
 load gives.
 
 `read_metadata` reads a few header keys without loading the file, so that the input checks (no torch, about a
-second) can name a file that is no GGUF, or of an architecture the head-surgery core does not support.
+second) can name a file that is no GGUF, or of an architecture the head-surgery core does not support; `truncation`
+reads the whole header, tensor table included, and names a file too short for the tensors it lists (a copy that
+stopped early), which transformers would otherwise meet deep in a reshape.
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # pandas' default missing-value markers: a label spelled so is a hole in the data, not a class.
 HUB = "https://huggingface.co"
+# The positions transformers' GGUF reader gives every GPT-2 (GPT2Config's default: the reader puts the file's
+# context_length in n_ctx, which the model ignores), and so the only GPT-2 GGUF that converts.
+GPT2_GGUF_POSITIONS = 1024
 
 
 # --- the hub ----------------------------------------------------------------------------------------------------------
@@ -216,6 +219,12 @@ def gguf_problems(path: Path, key: str, accepts: Accepts) -> list[str]:
                         f"head-surgery core does not read from GGUF; supported architectures (llama.cpp's names): "
                         f"{', '.join(sorted(GGUF_ARCHITECTURES))}")
     problems += _not_taken(model_type, f"{path} is a GGUF file of architecture {architecture}", key, accepts)
+    if architecture == "gpt2":
+        context = read_metadata(path, ["gpt2.context_length"]).get("gpt2.context_length")
+        if context is not None and context != GPT2_GGUF_POSITIONS:
+            problems.append(f"{key}: {path} is a GPT-2 of {context} positions, but transformers' GGUF reader builds "
+                            f"every GPT-2 with {GPT2_GGUF_POSITIONS:,} (it ignores context_length), so prepare could "
+                            f"not convert it; convert the original checkpoint instead")
     if "tokenizer.ggml.model" not in header:
         problems.append(f"{key}: {path} holds no tokenizer (no tokenizer.ggml.* metadata), which prepare needs to "
                         f"convert it into a model folder")
