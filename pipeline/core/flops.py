@@ -43,3 +43,13 @@ def forward_flops(model: nn.Module, inputs: Mapping[str, object]) -> int:
 def parameter_count(model: nn.Module) -> int:
     """Distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def non_embedding_parameters(model: nn.Module) -> int:
+    """Every parameter but the token embeddings and an untied output head: what LLM pruning tools count when they
+    say "20% pruned"."""
+    skip = {id(model.get_input_embeddings().weight)}
+    head = model.get_output_embeddings()
+    if head is not None:
+        skip.add(id(head.weight))
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if id(p) not in skip)

@@ -1,0 +1,244 @@
+"""Width pruning of decoder LLMs (pipeline/methods/width/): each peer's criterion is what its paper defines, computed
+by hand on a tiny Llama; the compensations do what they claim; every method removes at least its share of the
+parameters; and a uniform result is a stock folder that plain transformers loads, with the bias and with the refit."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline.checks.width_plan import width_problems
+from pipeline.core.checkpoint import save_model
+from pipeline.core.flops import non_embedding_parameters
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.methods.budgeted import pruned_model
+from pipeline.methods.budgeted_search import BudgetError, Selection
+from pipeline.methods.width import criteria
+from pipeline.methods.width.allocation import THRESHOLD, UNIFORM, allocate, unit_costs
+from pipeline.methods.width.compensation import add_bias_compensation, least_squares, refit
+from pipeline.methods.width.methods import WIDTH_METHODS
+from pipeline.methods.width.statistics import gather_statistics
+from tests.tiny_models import VOCAB, tiny_model
+
+LENGTH = 12
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def windows(count: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (count, LENGTH), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    return windows(48, seed=1)
+
+
+@pytest.fixture(scope="module")
+def stats(dense, calibration):
+    halves = [{k: v[:24] for k, v in calibration.items()}, {k: v[24:] for k, v in calibration.items()}]
+    return gather_statistics(dense, halves, progress=False)
+
+
+def inputs_of(layer: torch.nn.Module, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """`[tokens, in_features]`: what `layer` reads on `batch`."""
+    seen = []
+    handle = layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().reshape(-1,
+                                                                                                   args[0].shape[-1])))
+    with torch.no_grad():
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    handle.remove()
+    return seen[0].double()
+
+
+def test_wanda_sp_scores_a_channel_by_its_weights_times_its_input_norm(dense, stats, calibration):
+    ffn, site = ffn_sites(dense)[1], attention_sites(dense)[1]
+    scores = criteria.wanda_sp(dense, stats)
+    x = inputs_of(ffn.fc_out, dense, calibration)
+    by_hand = ffn.fc_out.weight.detach().double().abs().mean(0) * x.norm(dim=0)
+    torch.testing.assert_close(scores.neurons[1], by_hand, rtol=1e-4, atol=0)
+    heads_in = inputs_of(site.out_proj, dense, calibration)
+    per_channel = site.out_proj.weight.detach().double().abs().mean(0) * heads_in.norm(dim=0)
+    torch.testing.assert_close(scores.heads[1], per_channel.view(site.num_heads, -1).sum(1), rtol=1e-4, atol=0)
+
+
+def test_flap_scores_are_the_fluctuation_times_the_squared_column_norm_standardised(dense, stats, calibration):
+    ffn = ffn_sites(dense)[0]
+    x = inputs_of(ffn.fc_out, dense, calibration)
+    wifv = x.var(0) * ffn.fc_out.weight.detach().double().pow(2).sum(0)
+    torch.testing.assert_close(criteria.flap(dense, stats).neurons[0], (wifv - wifv.mean()) / wifv.std(), rtol=1e-4,
+                               atol=1e-6)
+
+
+def test_minitron_scores_a_head_by_its_mean_output_norm(dense, stats, calibration):
+    site = attention_sites(dense)[2]
+    x = inputs_of(site.out_proj, dense, calibration)
+    by_hand = x.unflatten(1, (site.num_heads, site.head_dim)).norm(dim=2).mean(0)
+    torch.testing.assert_close(criteria.minitron(dense, stats).heads[2], by_hand, rtol=1e-4, atol=0)
+
+
+def test_llm_pruner_scores_a_channel_by_the_sum_of_weight_times_gradient_over_its_coupled_weights(dense, calibration,
+                                                                                                  stats):
+    model = copy.deepcopy(dense)
+    loss = sum(torch.nn.functional.cross_entropy(model(input_ids=b["input_ids"]).logits[:, :-1].transpose(1, 2),
+                                                 b["labels"][:, 1:], reduction="none").mean(1).sum()
+               for b in ({k: v[:24] for k, v in calibration.items()}, {k: v[24:] for k, v in calibration.items()}))
+    loss.backward()
+    ffn = ffn_sites(model)[1]
+    rows = sum((lin.weight * lin.weight.grad).abs().sum(1) for lin in ffn.inputs)
+    by_hand = rows + (ffn.fc_out.weight * ffn.fc_out.weight.grad).abs().sum(0)
+    torch.testing.assert_close(criteria.llm_pruner(dense, stats).neurons[1], by_hand.double().detach(), rtol=1e-3,
+                               atol=1e-9)
+
+
+def mlp_only_selection(model: torch.nn.Module, layer: int, drop: list[int]) -> Selection:
+    heads = [list(range(s.num_heads)) for s in attention_sites(model)]
+    neurons = [[n for n in range(f.num_neurons) if not (i == layer and n in drop)]
+               for i, f in enumerate(ffn_sites(model))]
+    return Selection(heads, neurons)
+
+
+def test_flap_bias_restores_the_mean_output_of_the_pruned_projection(dense, stats, calibration):
+    pruned = pruned_model(dense, mlp_only_selection(dense, 0, list(range(0, 37, 3))))
+    biased = copy.deepcopy(pruned)
+    add_bias_compensation(biased, dense, stats)
+    dense_mean = inputs_of(ffn_sites(dense)[0].fc_out, dense, calibration) @ ffn_sites(dense)[0].fc_out.weight.detach(
+    ).double().T
+    layer = ffn_sites(biased)[0].fc_out
+    out = inputs_of(layer, biased, calibration) @ layer.weight.detach().double().T + layer.bias.detach().double()
+    zeroed = inputs_of(ffn_sites(pruned)[0].fc_out, pruned, calibration) @ ffn_sites(pruned)[0].fc_out.weight.detach(
+    ).double().T
+    biased_gap = (out.mean(0) - dense_mean.mean(0)).abs().max()
+    assert biased_gap < 1e-3 * (zeroed.mean(0) - dense_mean.mean(0)).abs().max()
+
+
+def test_the_least_squares_of_an_unchanged_input_give_back_the_weights():
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(200, 16, generator=g), torch.randn(8, 16, generator=g)
+    torch.testing.assert_close(least_squares(x, x @ weight.T, weight, ridge=0.1).float(), weight, rtol=1e-4,
+                               atol=1e-4)
+    shrunk = least_squares(x, x @ weight.T, torch.zeros_like(weight), ridge=0.1).float()
+    assert (shrunk - weight).abs().max() > 1e-3  # the ridge pulls towards `current`
+
+
+def test_a_refit_leaves_the_blocks_that_lost_nothing_as_they_were(dense, stats, calibration):
+    model = pruned_model(dense, mlp_only_selection(dense, 1, [0, 5, 9]))
+    before = copy.deepcopy(model)
+    refit(model, dense, calibration)
+    changed = {name for (name, a), b in zip(model.named_parameters(), before.parameters(), strict=True)
+               if not torch.equal(a, b)}
+    assert changed == {"model.layers.1.mlp.down_proj.weight"}
+
+
+def test_the_refit_brings_a_pruned_model_nearer_the_unpruned_on_held_out_windows(dense, stats, calibration):
+    selection = allocate(dense, criteria.wanda_sp(dense, stats), unit_costs(dense, "parameters", "query"), 0.3,
+                         "query", UNIFORM)
+    zeroed = pruned_model(dense, selection)
+    refitted = refit(copy.deepcopy(zeroed), dense, calibration, ridge=1e-2)
+    held_out = windows(16, seed=7)
+    with torch.no_grad():
+        target = dense(input_ids=held_out["input_ids"]).logits
+        errors = [(m(input_ids=held_out["input_ids"]).logits - target).pow(2).mean() for m in (zeroed, refitted)]
+    assert errors[1] < errors[0]
+
+
+@pytest.mark.parametrize("method", list(WIDTH_METHODS))
+def test_every_method_removes_at_least_its_share_of_the_parameters_and_little_more(dense, stats, method):
+    m = WIDTH_METHODS[method]
+    costs = unit_costs(dense, "parameters", "query")
+    selection = allocate(dense, m.criterion(dense, stats), costs, 0.25, "query", m.allocation,
+                         m.layers(len(stats.attention), method))
+    removed = 1 - non_embedding_parameters(pruned_model(dense, selection)) / non_embedding_parameters(dense)
+    assert 0.25 <= removed < 0.25 + 0.06
+
+
+def test_the_same_statistics_choose_the_same_units(dense, calibration):
+    halves = [{k: v[:24] for k, v in calibration.items()}, {k: v[24:] for k, v in calibration.items()}]
+    picks = [allocate(dense, criteria.flap(dense, gather_statistics(dense, halves, progress=False)),
+                      unit_costs(dense, "parameters", "group"), 0.3, "group", THRESHOLD) for _ in range(2)]
+    assert picks[0] == picks[1]
+
+
+def test_a_share_a_uniform_cut_cannot_reach_is_refused_in_one_line(dense, stats):
+    with pytest.raises(BudgetError, match="out of reach"):
+        allocate(dense, criteria.magnitude(dense, stats), unit_costs(dense, "parameters", "query"), 0.99, "query",
+                 UNIFORM, range(1, 2))
+
+
+STOCK_LOAD = textwrap.dedent("""
+    import json, sys, torch
+    from transformers import AutoModelForCausalLM
+    folder, ids = sys.argv[1], torch.tensor(json.loads(sys.argv[2]))
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert not [m for m in sys.modules if m.startswith("pipeline")]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:])
+    print(json.dumps({"ppl": float(nll.exp()), "bias": model.model.layers[0].mlp.down_proj.bias is not None}))
+""")
+
+
+@pytest.mark.parametrize("compensation", ["bias", "refit"])
+def test_a_uniform_width_pruned_folder_loads_with_plain_transformers_and_gives_the_same_perplexity(
+        dense, stats, calibration, compensation, tmp_path):
+    selection = allocate(dense, criteria.flap(dense, stats), unit_costs(dense, "parameters", "query"), 0.2, "query",
+                         UNIFORM)
+    model = pruned_model(dense, selection)
+    if compensation == "bias":
+        add_bias_compensation(model, dense, stats)
+    else:
+        refit(model, dense, calibration)
+    save_model(model, tmp_path / "width-20")
+    assert json.loads((tmp_path / "width-20" / "head_pruning.json").read_text())["stock"]
+    ids = windows(4, seed=9)["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, :-1].float()
+    ours = float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:]).exp())
+    out = subprocess.run([sys.executable, "-I", "-c", STOCK_LOAD, str(tmp_path / "width-20"), json.dumps(ids.tolist())],
+                         capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded["ppl"] == pytest.approx(ours, rel=1e-3)
+    assert loaded["bias"] == (compensation == "bias")
+
+
+def lm_params(**width: object):
+    from pipeline.config.params import load_params
+
+    params = load_params(ROOT / "llm" / "params.yaml")
+    return params.model_copy(update={"width": params.width.model_copy(update=width)})
+
+
+QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 128}
+
+
+def test_a_bias_the_family_cannot_save_is_refused_before_anything_runs():
+    problems = width_problems(lm_params(compensations=["none", "bias"], methods=["wanda-sp"]), QWEN2, "qwen2")
+    assert len(problems) == 1 and "qwen2 configs cannot say" in problems[0]
+    assert width_problems(lm_params(compensations=["none"], methods=["wanda-sp", "ours"]), QWEN2, "qwen2") == []
+
+
+def test_a_level_the_shape_cannot_reach_is_refused_by_the_checks_in_one_line(tmp_path):
+    params = yaml.safe_load((ROOT / "llm" / "params.yaml").read_text())
+    params["width"]["levels"] = [0.2, 0.9]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    out = subprocess.run([sys.executable, "-m", "pipeline.checks", "--params", str(tmp_path / "params.yaml")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: width.levels: 90% of the parameters is out of reach for llm-pruner: the 24 of 30 layers it prunes "
+        "hold 80.0%; take levels below that"]
