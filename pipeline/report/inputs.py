@@ -78,6 +78,7 @@ from pipeline.files.schema import (
     TASK_METRIC,
     TASK_MODEL,
     WHOLE_PRUNE,
+    WIDTH_TABLE,
     ZERO_SHOT_TABLE,
     checkpoint_method,
     kind_method,
@@ -183,6 +184,7 @@ class Inputs:
     prune_seconds: pd.DataFrame | None = None
     kv_group_shapes: pd.DataFrame | None = None
     rank_correlations: pd.DataFrame | None = None
+    width: pd.DataFrame | None = None
 
     @classmethod
     def load(cls, report_dir: Path) -> Inputs:
@@ -215,6 +217,7 @@ class Inputs:
             other_unit_curve=_read_csv(report_dir, OTHER_UNIT_CURVE_TABLE),
             zero_shot=_read_csv(report_dir, ZERO_SHOT_TABLE),
             generations=_read_csv(report_dir, GENERATIONS_TABLE),
+            width=_read_csv(report_dir, WIDTH_TABLE),
         )
 
     @property

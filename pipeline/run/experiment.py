@@ -44,10 +44,12 @@ from pipeline.files.schema import (
     RECOVERED_DIR,
     TASK_FILE,
     TASK_METRIC,
+    WIDTH_DIR,
     budgeted_name,
     checkpoint_step,
     kv_groups_name,
     pruned_name,
+    width_name,
 )
 from pipeline.run.preflight import params_file
 
@@ -139,6 +141,10 @@ class Experiment:
     def kv_groups_dir(self, fraction: float) -> Path:
         """The serving-shape model: `fraction` of every layer's key/value groups removed (prune.kv_group_fractions)."""
         return self.pruned_root / kv_groups_name(fraction)
+
+    def width_dir(self, level: float) -> Path:
+        """The width stage's model with `level` of its budget removed (width.save_levels)."""
+        return self.artifacts / WIDTH_DIR / width_name(level)
 
     @property
     def recovered_root(self) -> Path:

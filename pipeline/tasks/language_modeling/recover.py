@@ -13,6 +13,7 @@ import time
 
 import pandas as pd
 
+from pipeline.core.flops import non_embedding_parameters
 from pipeline.core.runtime import is_main_process
 from pipeline.core.sites import attention_sites
 from pipeline.files.schema import UNPRUNED_MODEL, WHOLE
@@ -32,7 +33,8 @@ def recover(exp: Experiment) -> pd.DataFrame:
                             warmup_steps=r.warmup_steps, weight_decay=r.weight_decay, rank=r.rank, alpha=r.alpha,
                             dropout=r.dropout, seed=p.seed)
     models = task.saved_models()
-    unpruned = test(exp.load(models[UNPRUNED_MODEL]))[0]
+    dense = exp.load(models[UNPRUNED_MODEL])
+    unpruned, dense_params = test(dense)[0], non_embedding_parameters(dense)
     rows = []
     for label, path in models.items():
         model = exp.load(path)
@@ -45,6 +47,7 @@ def recover(exp: Experiment) -> pd.DataFrame:
             exp.save(model, exp.recovered_root / path.name)
         rows.append(dict(model=label, fraction_pruned=1 - sum(s.num_heads for s in sites) / sum(
                              s.original_num_heads for s in sites),
+                         params_removed=1 - non_embedding_parameters(model) / dense_params,
                          metric_unpruned=unpruned, metric_before=before, metric_after=test(model)[0],
                          method=r.method, steps=r.steps, seconds=round(seconds, 1)))
         log.info("recover: %s, test perplexity %.2f -> %.2f after %d %s steps (unpruned %.2f; %.0f s)", label,

@@ -1,6 +1,7 @@
 """The report stage's sections of language modelling, after the shared ones (pipeline/report/sections.py): every head
-criterion in both grouped-query units side by side, zero-shot accuracy through lm-evaluation-harness, and greedy
-completions of fixed prompts, dense beside pruned. Each adds nothing when its table is missing.
+criterion in both grouped-query units side by side, width pruning against the peers, zero-shot accuracy through
+lm-evaluation-harness, and greedy completions of fixed prompts, dense beside pruned. Each adds nothing when its
+table is missing.
 
 Light on purpose (pandas and the report layer, no torch): the report stage imports it by name."""
 
@@ -46,6 +47,34 @@ def _units_side_by_side(doc: Doc, inp: Inputs) -> None:
         doc.table(_by_level(curve, inp.metric, TEST))
 
 
+def _width(doc: Doc, inp: Inputs) -> None:
+    table = inp.width
+    if table is None:
+        return
+    doc.h(1, "Beyond the paper: width pruning against the tools LLM users compare")
+    doc.p("Query heads, key/value groups and MLP channels removed together, with no retraining, by every method at "
+          "the same share of the non-embedding parameters, calibrated on the same training windows: perplexity over "
+          "the unpruned model's on test and on a held-out corpus that nothing calibrates on. 'own': the method's "
+          "published compensation (FLAP: its bias; the others: none); 'refit': the least-squares refit of every "
+          "output projection; ours is FLAP's selection with the refit (global: each layer its own width; uniform: "
+          "one width, a stock folder).")
+    pruned = table[table["method"] != "unpruned"].copy()
+    pruned["variant"] = [f"{m} ({c}{', ' + a if m == 'ours' else ''}){' *' if own and m != 'ours' else ''}"
+                         for m, c, a, own in zip(pruned["method"], pruned["compensation"], pruned["allocation"],
+                                                 pruned["own"], strict=True)]
+    for corpus in dict.fromkeys(table["corpus"]):
+        rows = pruned[pruned["corpus"] == corpus]
+        wide = rows.pivot_table(index="variant", columns="level", values="vs_unpruned", sort=False)
+        dense = float(table[(table["method"] == "unpruned") & (table["corpus"] == corpus)]["perplexity"].iloc[0])
+        doc.h(2, f"{corpus} (unpruned perplexity {num(dense)})")
+        shown = pd.DataFrame({"method (compensation); * its own": wide.index})
+        for level in wide.columns:
+            shown[f"{pct(level)} removed"] = [f"{v:.2f}x" for v in wide[level]]
+        doc.table(shown)
+        doc.figure(f"width_{'test' if corpus == TEST else 'held_out'}.png", figures.width(table, corpus),
+                   f"width pruning on {corpus}: perplexity over the unpruned model's.")
+
+
 def _zero_shot(doc: Doc, inp: Inputs) -> None:
     if inp.zero_shot is None:
         return
@@ -78,4 +107,4 @@ def _generations(doc: Doc, inp: Inputs) -> None:
 
 
 # In the report's order, after the paper's sections (pipeline/report/sections.py).
-SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _zero_shot, _generations)
+SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _width, _zero_shot, _generations)

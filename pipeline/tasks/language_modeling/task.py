@@ -27,6 +27,7 @@ from pipeline.files.schema import (
     UNPRUNED_MODEL,
     WHOLE,
     kv_groups_label,
+    width_label,
 )
 from pipeline.methods.pruning import CurveEvaluator, criterion_curves, paper_curves
 from pipeline.run.task import Batch, Task
@@ -92,12 +93,14 @@ class LanguageModelingTask(Task):
 
     def saved_models(self) -> dict[str, Path]:
         """The models by label, the unpruned one first: those the prune stage saved (prune.save_fractions in
-        prune.unit, prune.kv_group_fractions), whose folders the recover, zero-shot and benchmark stages read."""
+        prune.unit, prune.kv_group_fractions) and the width stage's (width.save_levels), whose folders the recover,
+        zero-shot and benchmark stages read."""
         exp = self.exp
-        pp = exp.params.prune
+        pp, w = exp.params.prune, exp.params.width
         return {UNPRUNED_MODEL: exp.finetuned_dir,
                 **{f"{f:.0%} of heads ({pp.unit})": exp.pruned_dir(f) for f in pp.save_fractions},
-                **{kv_groups_label(f): exp.kv_groups_dir(f) for f in pp.kv_group_fractions}}
+                **{kv_groups_label(f): exp.kv_groups_dir(f) for f in pp.kv_group_fractions},
+                **{width_label(level, w.budget): exp.width_dir(level) for level in w.save_levels}}
 
     def headline_model(self) -> tuple[str, float] | None:
         """The label and the fraction of query heads removed of the most pruned saved model, the one benchmark.json
@@ -108,16 +111,27 @@ class LanguageModelingTask(Task):
                  *((kv_groups_label(f), f) for f in pp.kv_group_fractions)]
         return max(reversed(saved), key=lambda pair: pair[1]) if saved else None
 
+    def extra_curves(self, evaluator: CurveEvaluator, order: list, levels: list[float], counts: list[int],
+                     importance: list, choice: HeadChoice, lap: Callable[[str], None]
+                     ) -> tuple[list[pd.DataFrame], dict[str, pd.DataFrame]]:
+        """The importance curve refitted (the prune stage's `refit_curve`)."""
+        curves = self.stage("prune").refit_curve(self.exp, evaluator, order, counts, choice)
+        if curves:
+            lap("refitted curve")
+        return curves, {}
+
     def extra_tables(self, evaluator: CurveEvaluator, importance: list, criteria: dict, counts: list[int],
                      choice: HeadChoice, lap: Callable[[str], None]) -> dict[str, pd.DataFrame]:
-        """With prune.compare_units under grouped-query attention: the importance, random and criteria curves again
-        in the unit that prune.unit is not (empty otherwise)."""
+        """With prune.compare_units under grouped-query attention: the importance, random, refitted and criteria
+        curves again in the unit that prune.unit is not (empty otherwise)."""
         pp = self.exp.params.prune
         sites = attention_sites(evaluator.model)
         if not pp.compare_units or all(site.original_group_size == 1 for site in sites):
             return {OTHER_UNIT_CURVE_TABLE: pd.DataFrame(columns=TABLE_COLUMNS[OTHER_UNIT_CURVE_TABLE])}
         other = dataclasses.replace(choice, unit=next(unit for unit in HEAD_UNITS if unit != choice.unit))
-        curves = paper_curves(evaluator, other.rank(importance, sites), counts, pp.random_seeds, other)
+        order = other.rank(importance, sites)
+        curves = paper_curves(evaluator, order, counts, pp.random_seeds, other)
+        curves += self.stage("prune").refit_curve(self.exp, evaluator, order, counts, other)
         curves += criterion_curves(evaluator, criteria, counts, other)
         lap("curves in the other unit")
         return {OTHER_UNIT_CURVE_TABLE: pd.concat(curves, ignore_index=True).assign(unit=other.unit)}
