@@ -20,7 +20,8 @@ from tests.tiny_project import make_pipeline_repo, ran_stages, run, traced_env, 
 pytestmark = pytest.mark.slow  # runs `dvc repro llm/dvc.yaml`
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["prepare", "finetune", "ablate", "score", "prune", "width", "recover", "zero_shot", "benchmark", "report"]
+STAGES = ["prepare", "finetune", "ablate", "score", "prune", "width", "recover", "zero_shot", "benchmark", "export",
+          "report"]
 
 
 def tiny_llm_pipeline_params() -> dict:
@@ -148,3 +149,15 @@ def test_every_width_method_is_compared_at_equal_parameters_on_both_corpora_and_
     assert record["stock"]
     assert "25% of parameters (width)" in set(pd.read_csv(reports / "recovery.csv")["model"])
     assert "importance+refit" in set(pd.read_csv(reports / "pruning_curve.csv")["method"])
+
+
+def test_the_export_stage_lists_every_saved_model_with_its_gguf_file_or_one_line_why_not(repo):
+    # The scratch Llama's own BPE tokenizer is neither of the two GGUF export writes (tests/test_gguf_export.py
+    # exports and reads back real ones): each saved model is listed, refused in one line, never half-written.
+    table = pd.read_csv(repo / "reports" / "tiny-lm" / "gguf.csv")
+    assert set(table["model"]) == {"25% of heads (query)", "50% of heads (query)", "50% of KV groups",
+                                   "25% of parameters (width)"}
+    reasons = dict(zip(table["model"], table["not_exported_because"], strict=True))
+    assert "layers differ" in reasons["25% of heads (query)"]
+    assert "tokenizer" in reasons["25% of parameters (width)"] and "\n" not in reasons["50% of KV groups"]
+    assert not list((repo / "artifacts" / "tiny-lm" / "gguf").glob("*.gguf"))

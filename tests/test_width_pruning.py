@@ -105,6 +105,14 @@ def test_llm_pruner_scores_a_channel_by_the_sum_of_weight_times_gradient_over_it
                                atol=1e-9)
 
 
+def test_torch_pruning_magnitude_scores_a_channel_by_the_mean_of_its_layers_squared_weights(dense, stats):
+    ffn = ffn_sites(dense)[2]
+    gate, up = (lin.weight.detach().double() for lin in ffn.inputs)
+    down = ffn.fc_out.weight.detach().double()
+    by_hand = (gate.pow(2).sum(1) + up.pow(2).sum(1) + down.pow(2).sum(0)) / 3
+    torch.testing.assert_close(criteria.magnitude(dense, stats).neurons[2], by_hand)
+
+
 def mlp_only_selection(model: torch.nn.Module, layer: int, drop: list[int]) -> Selection:
     heads = [list(range(s.num_heads)) for s in attention_sites(model)]
     neurons = [[n for n in range(f.num_neurons) if not (i == layer and n in drop)]

@@ -50,6 +50,9 @@ def width_problems(params: LanguageModelingParams, config: dict, model_type: str
         problems.append(f"width: the refit (width.compensations, and ours) runs each MLP block on its own, which "
                         f"{model_type}'s decoder layers do not have; remove refit from width.compensations and ours "
                         f"from width.methods")
+    if w.budget == "kv-bytes" and params.prune.unit == "query":
+        problems.append("width.budget: kv-bytes removes key/value heads, which prune.unit: query keeps (a slice of "
+                        "query heads leaves every group's key/value head); set prune.unit: group")
     try:
         hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
         heads = int(config["num_attention_heads"])
@@ -62,11 +65,11 @@ def width_problems(params: LanguageModelingParams, config: dict, model_type: str
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     per_layer = attention + gated * hidden * intermediate
     total = layers * (per_layer + 2 * hidden) + hidden
+    if w.budget == "flops":
+        return problems
     for method in w.methods:
         pruned = _pruned_layers(method, layers)
         reach = pruned / layers if w.budget == "kv-bytes" else pruned * per_layer / total
-        if w.budget == "flops":
-            continue
         too_far = [level for level in (*w.levels, *w.save_levels) if level >= reach]
         if too_far:
             problems.append(f"width.levels: {', '.join(f'{level:.0%}' for level in too_far)} of the {w.budget} is "

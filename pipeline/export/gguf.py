@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline.core.gguf import SUFFIX
 from pipeline.core.sites import GGUF_ARCHITECTURES
-from pipeline.files.schema import NOT_STOCK_BECAUSE, PRUNING_FILE, STOCK
+from pipeline.files.schema import GGUF_TYPES, NOT_STOCK_BECAUSE, PRUNING_FILE, STOCK
 
 # The families whose export is tested through transformers' reader (tests/test_gguf_export.py); GPT-2 and Mistral
 # are read from GGUF on the way in but not yet written. The architecture names are GGUF_ARCHITECTURES', inverted.
@@ -35,7 +35,7 @@ EXPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
 ARCHITECTURE_OF = {hf: arch for arch, hf in GGUF_ARCHITECTURES.items() if hf in EXPORTED_FAMILIES}
 # --type: the weights' ggml type and the file type llama.cpp records. An output type is offered once its round
 # trip is tested: F32 and F16 to fp16 tolerance, Q8_0 to 1% of the NLL.
-OUTPUT_TYPES = {"f32": ("F32", "ALL_F32"), "f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0")}
+OUTPUT_TYPES = dict(zip(GGUF_TYPES, (("F32", "ALL_F32"), ("F16", "MOSTLY_F16"), ("Q8_0", "MOSTLY_Q8_0")), strict=True))
 Q8_BLOCK = 32
 # config.json keys that transformers reads back from the file (or takes as its defaults: Gemma 3's attention scale,
 # window and layer pattern, which no GGUF key states): any that differs from the folder's refuses the export.

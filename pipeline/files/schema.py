@@ -145,6 +145,8 @@ def checkpoint_method(step: int) -> str:
 BASE_MODEL_DIR, DATA_DIR, FINETUNED_DIR = "base_model", "data", "finetuned"
 PRUNED_DIR, CHECKPOINTS_DIR = "pruned", "checkpoints"
 WIDTH_DIR = "width"  # language models: the width stage's saved models
+GGUF_DIR = "gguf"  # language models: the export stage's GGUF files of the saved models
+GGUF_TYPES = ("f32", "f16", "q8_0")  # the GGUF weight types whose round trip is tested (pipeline/export/gguf.py)
 # runtime.placement sharded with a "disk" cap: the weights accelerate offloads, a fresh folder per loaded model
 OFFLOAD_DIR = "offload"
 RECOVERED_DIR = "recovered"  # language models: each saved pruned model after recovery fine-tuning, by the same name
@@ -307,6 +309,7 @@ ZERO_SHOT_TABLE, GENERATIONS_TABLE, ZERO_SHOT_SUMMARY = "zero_shot.csv", "genera
 ZERO_SHOT_DIR = "zero_shot"  # in the data folder: the zero-shot tasks' questions (JSONL), which prepare samples
 # Language models' width stage: every method x compensation x level x corpus, and its headline (a DVC metric).
 WIDTH_TABLE, WIDTH_SUMMARY = "width_curve.csv", "width.json"
+GGUF_TABLE = "gguf.csv"  # language models' export stage: each saved model's GGUF files
 BENCHMARK_TABLE, BUDGETED_BENCHMARK_TABLE, LLM_BENCHMARK_TABLE = (
     "benchmark.csv", "benchmark_budgeted.csv", "llm_benchmark.csv")
 TABLE_COLUMNS = {
@@ -324,6 +327,9 @@ TABLE_COLUMNS = {
     # model: UNPRUNED_MODEL or a saved model's label; value: the task's accuracy (0-1) over `items` questions.
     ZERO_SHOT_TABLE: ["model", "task", "metric", "value", "stderr", "items"],
     GENERATIONS_TABLE: ["model", "prompt", "completion"],
+    # perplexity_*: test perplexity of the saved folder and of the GGUF file read back by transformers' GGUF loader.
+    GGUF_TABLE: ["model", "type", "safetensors_mib", "gguf_mib", "perplexity_folder", "perplexity_gguf",
+                 "not_exported_because"],
     # own: the compensation is the method's published one; level: the share of width.budget to remove (0: the
     # unpruned model); params_removed: the share of non-embedding parameters the model really lost; seconds: its
     # selection and compensation.

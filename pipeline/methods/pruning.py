@@ -134,7 +134,7 @@ class CurveEvaluator:
         rows = []
         for plan in tqdm(plans, desc=f"prune ({method})", disable=not progress, leave=False):
             result = self(plan) if compensate is None else self.evaluate(
-                compensate(pruned_copy(self.model, plan)).requires_grad_(False))
+                compensate(pruned_copy(self.model, plan).requires_grad_(False)))
             for split in self.evals:
                 rows.append(dict(method=method, split=split,
                                  fraction_pruned=result["heads_pruned"] / (of_heads or self.total_heads),

@@ -59,6 +59,7 @@ from pipeline.files.schema import (
     EVAL_SPLITS,
     FINETUNE_SUMMARY,
     GENERATIONS_TABLE,
+    GGUF_TABLE,
     IMPORTANCE_TABLE,
     KINDS,
     KV_GROUPS_TABLE,
@@ -185,6 +186,7 @@ class Inputs:
     kv_group_shapes: pd.DataFrame | None = None
     rank_correlations: pd.DataFrame | None = None
     width: pd.DataFrame | None = None
+    gguf: pd.DataFrame | None = None
 
     @classmethod
     def load(cls, report_dir: Path) -> Inputs:
@@ -218,6 +220,7 @@ class Inputs:
             zero_shot=_read_csv(report_dir, ZERO_SHOT_TABLE),
             generations=_read_csv(report_dir, GENERATIONS_TABLE),
             width=_read_csv(report_dir, WIDTH_TABLE),
+            gguf=_read_csv(report_dir, GGUF_TABLE),
         )
 
     @property

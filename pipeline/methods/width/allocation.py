@@ -43,22 +43,31 @@ def unit_costs(model: nn.Module, budget: str, unit: str, probe: Mapping[str, tor
     selection never removes less than its budget."""
     sites, ffns = attention_sites(model), ffn_sites(model)
     heads, neurons = [s.num_heads for s in sites], [f.num_neurons for f in ffns]
+    with_kv = [unit == "group" or s.original_group_size == 1 for s in sites]
     if budget == FLOPS:
         if probe is None:
             raise ValueError("a FLOPs budget needs a probe batch to count them on")
-        return flop_costs(model, probe)
+        costs = flop_costs(model, probe)
+        # Query slices leave the key/value projections running: their share (by weights) is not counted, which
+        # undercounts a head's attention scores too, so a selection still never removes less than its budget.
+        share = [1.0 if kv else (s.projections[0].weight.numel() + s.out_proj.weight.numel()) / sum(
+            lin.weight.numel() for lin in (*s.projections, s.out_proj)) for s, kv in zip(sites, with_kv, strict=True)]
+        return UnitCosts([c * f for c, f in zip(costs.head, share, strict=True)], costs.neuron, costs.head_counts,
+                         costs.neuron_counts, costs.total, costs.unit)
     if budget == KV_BYTES:
+        if not all(with_kv):
+            raise BudgetError("a KV-cache budget removes key/value heads, which query slices keep: prune whole "
+                              "groups (prune.unit: group)")
         per_head = [2 * s.head_dim * kv_bytes * s.num_kv_heads / s.num_heads for s in sites]
         total = sum(c * n for c, n in zip(per_head, heads, strict=True))
         return UnitCosts(per_head, [0.0] * len(ffns), heads, neurons, total, "KV-cache bytes per token")
     if budget != PARAMETERS:
         raise ValueError(f"unknown budget {budget!r}; choose one of {', '.join(WIDTH_BUDGETS)}")
     per_head = []
-    for s in sites:
+    for s, kv in zip(sites, with_kv, strict=True):
         q, k, v = s.projections
         query = (q.weight.numel() + s.out_proj.weight.numel()) / s.num_heads
-        with_kv = unit == "group" or s.original_group_size == 1
-        per_head.append(query + (k.weight.numel() + v.weight.numel()) / s.num_heads * with_kv)
+        per_head.append(query + (k.weight.numel() + v.weight.numel()) / s.num_heads * kv)
     per_neuron = [sum(lin.weight.numel() for lin in (*f.inputs, f.fc_out)) / f.num_neurons for f in ffns]
     return UnitCosts(per_head, per_neuron, heads, neurons, float(non_embedding_parameters(model)), "parameters")
 
@@ -103,8 +112,10 @@ def _threshold(unit_scores: list[torch.Tensor], neuron_scores: list[torch.Tensor
     for _, kind, site, index in ranked:
         if removed >= target:
             break
-        gone.add((kind, site, index))
-        removed += costs.head[site] if kind == 0 else costs.neuron[site]
+        cost = costs.head[site] if kind == 0 else costs.neuron[site]
+        if cost:  # a unit the budget does not count (an MLP channel under a KV-cache budget) stays
+            gone.add((kind, site, index))
+            removed += cost
     if removed < target:
         raise BudgetError(f"removing {remove:.0%} of the {costs.unit} is out of reach: every unit gone removes "
                           f"{removed / costs.total:.1%}")
@@ -128,11 +139,12 @@ def _uniform(unit_scores: list[torch.Tensor], neuron_scores: list[torch.Tensor],
     heads = math.floor(share * num_units + 1e-9) if neuron_cost else math.ceil(target / head_cost - 1e-9)
     while True:
         neurons = math.ceil((target - heads * head_cost) / neuron_cost - 1e-9) if neuron_cost else 0
-        if neurons <= num_neurons or heads >= num_units:
+        if neurons <= num_neurons or heads >= num_units - 1:
             break
         heads += 1
     neurons = max(neurons, 0)
-    if heads > num_units or neurons > num_neurons or (not neuron_cost and heads * head_cost < target):
+    # Every layer keeps one attention unit: a stock config cannot say a layer has no heads.
+    if heads > num_units - 1 or neurons > num_neurons or (not neuron_cost and heads * head_cost < target):
         removable = (head_cost * num_units + neuron_cost * num_neurons) / costs.total
         raise BudgetError(f"removing {remove:.0%} of the {costs.unit} uniformly is out of reach: every unit of "
                           f"layers {pruned_layers.start}-{pruned_layers.stop - 1} removes {removable:.1%}")

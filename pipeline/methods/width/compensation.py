@@ -121,7 +121,8 @@ def refit(pruned: nn.Module, dense: nn.Module, batch: Batch, ridge: float = 1e-3
     device = next(pruned.parameters()).device
     try:
         with torch.no_grad():  # not inference_mode: the hooks write the parameters
-            pruned(**{k: v.to(device) for k, v in inputs.items()})
+            # No KV cache: the unpruned block runs on the same call's arguments, and would write into it too.
+            pruned(**{k: v.to(device) for k, v in inputs.items()}, use_cache=False)
     finally:
         for handle in handles:
             handle.remove()

@@ -57,7 +57,7 @@ def flap(model: nn.Module, stats: CalibrationStatistics) -> UnitScores:
     mean, over its standard deviation), so scores compare across layers and between attention and MLP; a head
     scores the mean of its channels'."""
     def standardised(x: torch.Tensor) -> torch.Tensor:
-        return (x - x.mean()) / x.std()
+        return (x - x.mean()) / x.std().clamp(min=1e-30)  # a layer of equal scores stays finite
 
     heads, neurons = [], []
     for site, s in zip(attention_sites(model), stats.attention, strict=True):
@@ -85,7 +85,9 @@ def minitron(model: nn.Module, stats: CalibrationStatistics) -> UnitScores:
     """Minitron (Muralidharan et al., 2024, "Compact Language Models via Pruning and Knowledge Distillation"),
     activation-based importance (NVIDIA/TensorRT-Model-Optimizer, modelopt/torch/nas/plugins/megatron.py: hooks
     on the input of linear_proj and linear_fc2): a head's output norm and an MLP channel's activation magnitude,
-    each averaged over the calibration tokens (the per-token form of pipeline.methods.criteria.activation_norm)."""
+    each averaged over the calibration tokens: the paper's sum over batch and sequence of each token's norm
+    (pipeline.methods.criteria.activation_norm's form), not ModelOpt's aggregation (|x| averaged over the sequence,
+    then the L2 norm over the batch and the head's channels), which mixes channels across tokens before the norm."""
     return UnitScores([s.unit_norm / s.tokens for s in stats.attention], [s.unit_norm / s.tokens for s in stats.mlp])
 
 

@@ -40,7 +40,7 @@ def own_compensation(name: str) -> str:
 
 WIDTH_METHODS: dict[str, WidthMethod] = {
     "llm-pruner": WidthMethod(criteria.llm_pruner, UNIFORM,
-                              "LLM-Pruner: first-order Taylor of coupled weights, uniform in layers 4-30 of 32"),
+                              "LLM-Pruner: first-order Taylor of coupled weights, uniform in its middle layers"),
     "flap": WidthMethod(criteria.flap, THRESHOLD,
                         "FLAP: fluctuation x weight norm, standardised per layer, one global threshold, bias"),
     "wanda-sp": WidthMethod(criteria.wanda_sp, UNIFORM, "Wanda-sp: |W| x ||X|| per channel, uniform"),

@@ -60,14 +60,14 @@ class ProjectionInputs:
         """`x`: `[tokens, channels]`, the real tokens of one batch."""
         x = x.double()
         self.tokens += x.shape[0]
-        self.sum += x.sum(0)
-        self.sum_sq += x.pow(2).sum(0)
-        self.unit_norm += x.unflatten(1, (-1, self.unit_width)).norm(dim=2).sum(0)
+        self.sum += x.sum(0).cpu()
+        self.sum_sq += x.pow(2).sum(0).cpu()
+        self.unit_norm += x.unflatten(1, (-1, self.unit_width)).norm(dim=2).sum(0).cpu()
 
     def add_gradient(self, x: torch.Tensor, grad: torch.Tensor) -> None:
         """dL/dxi_u at one token is the sum over the unit's channels of x * dL/dx (a gate of 1 multiplying them)."""
         per_unit = (x.double() * grad.double()).unflatten(1, (-1, self.unit_width)).sum(2)
-        self.unit_gate += per_unit.abs().sum(0)
+        self.unit_gate += per_unit.abs().sum(0).cpu()
 
 
 @dataclass
@@ -106,12 +106,12 @@ def gather_statistics(model: nn.Module, batches: Sequence[Batch], progress: bool
 
     def watch(stats: ProjectionInputs):
         def pre_hook(_module: nn.Module, args: tuple) -> None:
-            x = args[0]
-            real = mask.reshape(-1)
-            flat = x.detach().reshape(-1, x.shape[-1])[real].float()
-            stats.add(flat)
-            if x.requires_grad:
-                x.register_hook(lambda grad: stats.add_gradient(flat, grad.reshape(-1, grad.shape[-1])[real].float()))
+            x, real = args[0], mask.reshape(-1)
+            stats.add(x.detach().reshape(-1, x.shape[-1])[real].float())
+            if x.requires_grad:  # the input itself (no copy) waits for the backward pass
+                held = x.detach()
+                x.register_hook(lambda grad: stats.add_gradient(held.reshape(-1, held.shape[-1])[real].float(),
+                                                                grad.reshape(-1, grad.shape[-1])[real].float()))
 
         return pre_hook
 
@@ -127,7 +127,7 @@ def gather_statistics(model: nn.Module, batches: Sequence[Batch], progress: bool
         for batch in tqdm(batches, desc="width statistics", disable=not progress, leave=False):
             batch = {k: v.to(device) for k, v in batch.items()}
             mask = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).bool()
-            per_example_loss(model, batch).sum().backward()
+            per_example_loss(model, {**batch, "use_cache": False}).sum().backward()
         taylor_heads, taylor_neurons = [], []
         for site in sites:
             q, k, v = site.projections

@@ -3,7 +3,8 @@ evaluation data: the width stage's table (width_curve.csv), one row per model an
 
 The statistics are gathered once from the unpruned model (`CalibrationStatistics`), so a method costs its
 selection, its compensations and its evaluations. Each level removes at
-least its share of the budget; the row records what the pruned model really lost (`removed`, measured on it).
+least its share of the budget; the row records what the pruned model really lost (`params_removed`, counted on
+it).
 """
 
 from __future__ import annotations

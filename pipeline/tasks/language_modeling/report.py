@@ -75,6 +75,24 @@ def _width(doc: Doc, inp: Inputs) -> None:
                    f"width pruning on {corpus}: perplexity over the unpruned model's.")
 
 
+def _gguf(doc: Doc, inp: Inputs) -> None:
+    table = inp.gguf
+    if table is None:
+        return
+    doc.h(1, "Beyond the paper: the saved models as GGUF files (llama.cpp)")
+    doc.p("Each saved model that one GGUF file can hold, written by `python -m pipeline.export gguf` and read back by "
+          "transformers' own GGUF loader; test perplexity of the file beside the folder's, on the same windows.")
+    rows = []
+    for r in table.itertuples():
+        exported = isinstance(r.not_exported_because, float) or not r.not_exported_because
+        rows.append({"model": r.model, "type": r.type, "safetensors (MiB)": f"{r.safetensors_mib:,.1f}",
+                     "GGUF (MiB)": f"{r.gguf_mib:,.1f}" if exported else "not exported",
+                     "perplexity (folder)": num(r.perplexity_folder),
+                     "perplexity (GGUF)": num(r.perplexity_gguf) if exported else r.not_exported_because,
+                     "change": f"{100 * (r.perplexity_gguf / r.perplexity_folder - 1):+.2f}%" if exported else ""})
+    doc.table(pd.DataFrame(rows))
+
+
 def _zero_shot(doc: Doc, inp: Inputs) -> None:
     if inp.zero_shot is None:
         return
@@ -107,4 +125,5 @@ def _generations(doc: Doc, inp: Inputs) -> None:
 
 
 # In the report's order, after the paper's sections (pipeline/report/sections.py).
-SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _width, _zero_shot, _generations)
+SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _width, _zero_shot, _generations,
+                                                         _gguf)

@@ -125,7 +125,9 @@ def width(exp: Experiment) -> tuple[pd.DataFrame, dict, dict[float, torch.nn.Mod
     if not w.methods and not w.save_levels:
         return pd.DataFrame(columns=TABLE_COLUMNS[WIDTH_TABLE]), {}, {}
     pad = exp.task.pad_token_id
-    dense = exp.load(exp.finetuned_dir).eval()
+    # Frozen: under the stage's autocast, torch would keep a cast of every weight that requires grad of every copy
+    # until the stage ends (gather_statistics turns on the gradients it needs, and back off).
+    dense = exp.load(exp.finetuned_dir).eval().requires_grad_(False)
     calibration = calibration_windows(exp)
     name, texts = held_out_texts(w.held_out)
     corpora = {
