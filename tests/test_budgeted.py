@@ -17,7 +17,8 @@ from pipeline.core.sites import attention_sites, ffn_sites
 from pipeline.core.surgery import prune_heads, prune_neurons
 from pipeline.files.schema import BUDGETED, BUDGETED_HEADS, BUDGETED_METHODS, BUDGETED_TUNED
 from pipeline.methods.budgeted import budgeted_prune, pruned_model
-from pipeline.methods.budgeted_costs import UnitCosts, flop_costs, latency_costs, latency_table
+from pipeline.methods.budgeted_costs import UnitCosts, flop_costs
+from pipeline.methods.budgeted_latency import latency_costs, latency_table
 from pipeline.methods.budgeted_search import (
     SWITCH_SIGNIFICANCE,
     BudgetError,

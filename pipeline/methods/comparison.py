@@ -37,7 +37,8 @@ from pipeline.files.schema import (
 )
 from pipeline.methods.bench import random_inputs
 from pipeline.methods.budgeted import budgeted_prune
-from pipeline.methods.budgeted_costs import UnitCosts, flop_costs, latency_costs, latency_table
+from pipeline.methods.budgeted_costs import UnitCosts, flop_costs
+from pipeline.methods.budgeted_latency import latency_costs, latency_table
 from pipeline.methods.budgeted_search import Batches, BudgetError, UnitGradients, gate_gradients
 from pipeline.methods.pruning import CurveEvaluator, Plan, pruned_copy
 from pipeline.methods.widths import probe_width_multiple
