@@ -69,7 +69,7 @@ def _width(doc: Doc, inp: Inputs) -> None:
         doc.h(2, f"{corpus} (unpruned perplexity {num(dense)})")
         shown = pd.DataFrame({"method (compensation); * its own": wide.index})
         for level in wide.columns:
-            shown[f"{pct(level)} removed"] = [f"{v:.2f}x" for v in wide[level]]
+            shown[f"{pct(level)} removed"] = ["" if pd.isna(v) else f"{v:.2f}x" for v in wide[level]]
         doc.table(shown)
         doc.figure(f"width_{'test' if corpus == TEST else 'held_out'}.png", figures.width(table, corpus),
                    f"width pruning on {corpus}: perplexity over the unpruned model's.")
