@@ -36,7 +36,8 @@ def tiny_llm_pipeline_params() -> dict:
     params["width"].update(methods=list(WIDTH_METHODS), compensations=["none", "bias", "refit"], levels=[0.25],
                            calibration_examples=8, window_tokens=8, eval_examples=4, batch_size=4,
                            held_out="held_out.txt", save_levels=[0.25])
-    params["recover"].update(steps=5, batch_size=16, warmup_steps=1)
+    # Distillation beside the next-token baseline, 5 steps of 16 windows of 12 tokens each.
+    params["recover"].update(method="kd-lora", baselines=["lora"], tokens=960, batch_size=16, warmup_steps=1)
     params["benchmark"].update(batch_sizes=[1, 2], prompt_tokens=8, new_tokens=4, repeats=1, turn_seconds=0)
     return params
 
@@ -122,15 +123,19 @@ def test_the_prune_stage_refuses_a_uniform_level_the_shape_cannot_take_in_one_li
     assert {p: p.stat().st_mtime_ns for folder in written for p in folder.rglob("*")} == before
 
 
-def test_recovery_saves_every_pruned_model_and_measures_the_unpruned_one_fine_tuned_alike_as_its_control(repo):
+def test_recovery_saves_every_pruned_model_by_each_method_and_recovers_the_unpruned_one_alike_as_the_control(repo):
     recovery = pd.read_csv(repo / "reports" / "tiny-lm" / "recovery.csv")
-    control = recovery.iloc[0]
-    assert control["model"] == "unpruned" and control["fraction_pruned"] == 0
-    assert control["metric_before"] == control["metric_unpruned"] != control["metric_after"]
-    assert (recovery["params_removed"].iloc[1:] > 0).all()
-    saved = {p.name for p in (repo / "artifacts" / "tiny-lm" / "recovered").iterdir()}
-    assert saved == {"25", "50", "kv-groups-50", "width-25"}
-    assert "adaptation to the fine-tuning data" in (repo / "reports" / "tiny-lm" / "report.md").read_text()
+    controls = recovery[recovery["model"] == "unpruned"]
+    assert list(controls["method"]) == ["kd-lora", "lora"] and (controls["fraction_pruned"] == 0).all()
+    assert (controls["metric_before"] == controls["metric_unpruned"]).all()
+    assert (controls["metric_after"] != controls["metric_before"]).all()
+    assert (recovery["params_removed"][recovery["model"] != "unpruned"] > 0).all()
+    assert set(recovery["tokens"]) == {5 * 16 * 12} and set(recovery["steps"]) == {5}  # the budget, in full windows
+    recovered = repo / "artifacts" / "tiny-lm" / "recovered"
+    for method in ("kd-lora", "lora"):
+        assert {p.name for p in (recovered / method).iterdir()} == {"25", "50", "kv-groups-50", "width-25"}
+    report = (repo / "reports" / "tiny-lm" / "report.md").read_text()
+    assert "adaptation to the fine-tuning data" in report and "net of the control" in report
 
 
 def test_every_width_method_is_compared_at_equal_parameters_on_both_corpora_and_ours_is_saved_stock(repo):

@@ -21,8 +21,8 @@ from tests.tiny_models import GQA, LM_FAMILIES, PAD, VOCAB, logits, randomize_bi
 FAST = dict(steps=12, batch_size=8, learning_rate=1e-2, warmup_steps=0, rank=4, alpha=8.0, dropout=0.0)
 
 
-def pruned(family: str = "llama") -> torch.nn.Module:
-    """A tiny model pruned unequally: layer 0 loses heads, layer 1 all of them, layer 2 some; FFN neurons too.
+def unpruned(family: str = "llama") -> torch.nn.Module:
+    """The tiny model that `pruned` prunes (the teacher of distillation's tests).
 
     Its weights are drawn at std 0.1, not Hugging Face's 0.02: at 0.02 a 32-wide random model's frozen weights
     pass so little of an adapter's change on to the logits that LoRA barely moves its loss in a few steps."""
@@ -32,6 +32,12 @@ def pruned(family: str = "llama") -> torch.nn.Module:
         for param in model.parameters():
             if param.dim() > 1:
                 param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def pruned(family: str = "llama") -> torch.nn.Module:
+    """A tiny model pruned unequally: layer 0 loses heads, layer 1 all of them, layer 2 some; FFN neurons too."""
+    model = unpruned(family)
     sites = attention_sites(model)
     if family in GQA:  # whole key/value groups or the same number of query heads from each
         plan = {0: [group[0] for group in sites[0].head_groups], 1: list(range(sites[1].num_heads)),

@@ -247,25 +247,34 @@ def prune_estimate(shape: DecoderShape, p: LanguageModelingParams) -> StageEstim
 
 def recover_estimate(shape: DecoderShape, p: LanguageModelingParams) -> StageEstimate:
     """The recover stage: training steps of recover.batch_size windows, LoRA (frozen weights, adapters trained) or
-    full fine-tuning (fp32 gradients and AdamW's two moments: 12 more bytes a parameter)."""
+    full fine-tuning (fp32 gradients and AdamW's two moments: 12 more bytes a parameter), for each of recover's
+    methods in turn; distillation (kd-) keeps the unpruned model beside the student as its teacher, whose forward
+    pass adds its logits."""
     r, precision = p.recover, p.runtime.precision
     tokens = r.batch_size * p.data.max_length
     layer = layer_activation_bytes(shape, precision, gates=False)
-    full = r.method == "full"
+    full = any(not m.endswith("lora") for m in r.methods)
+    distils = any(m.startswith("kd-") for m in r.methods)
     if not full:
         layer += lora_activation_bytes(shape, precision, r.dropout)
-    head = logits_bytes(shape, precision, backward=True)
+    head = logits_bytes(shape, precision, backward=True) + (logits_bytes(shape, precision, backward=False)
+                                                            if distils else 0)
     blocks = _model_blocks(shape, precision, layer, head, tokens, weight_copies=True, per_param_work=12 if full else 0)
     if not full:  # the adapters: A (rank x in) and B (out x rank) on each linear, trained with AdamW
         d, q, kv, i = shape.hidden, shape.query_width, shape.kv_width, shape.intermediate
         adapter = r.rank * ((d + q) * 2 + (d + kv) * 2 + (d + i) * 3)
         blocks = [Block(b.name, b.weight_bytes, b.work_bytes + (16 * adapter if b.name.startswith("layer") else 0))
                   for b in blocks]
-    flops = 3 * forward_flops(shape, r.steps * tokens, p.data.max_length)
+    if distils:  # the teacher's weights; its activations pass (no backward), its logits are counted in the head's
+        blocks += [Block(b.name, b.weight_bytes, 0) for b in _model_blocks(shape, precision, 0, 0, tokens,
+                                                                          weight_copies=False, prefix="teacher ")]
+    passes = sum(3 + m.startswith("kd-") for m in r.methods)  # forward and backward (x3), and the teacher's forward
+    flops = passes * forward_flops(shape, r.steps(p.data.max_length) * tokens, p.data.max_length)
     what = "full fine-tuning, AdamW" if full else f"LoRA rank {r.rank}"
     copies = 2 * shape.matmul_params() if half(precision) else 0
     return StageEstimate("recover", tuple(blocks), carried_bytes=(shape.layers + 1) * tokens * FP32 * shape.hidden,
-                         note=f"{what}, {r.batch_size} x {p.data.max_length} tokens a step", flops=flops,
+                         note=f"{what}{', the unpruned teacher beside' if distils else ''}, {r.batch_size} x "
+                              f"{p.data.max_length} tokens a step", flops=flops,
                          parts=_parts(blocks, shape, weight_copies=copies,
                                       gradients_and_adamw=12 * shape.params() if full else 0,
                                       activations=tokens * (shape.layers * layer + head)))

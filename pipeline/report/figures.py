@@ -189,16 +189,45 @@ def kept_per_layer(layers: pd.DataFrame, methods: list[str], cost: str) -> bytes
 
 
 def recovery(inp: Inputs, rec: pd.DataFrame) -> bytes:
-    """The metric of each pruned model before and after fine-tuning; `rec` sorted by fraction pruned."""
+    """The metric of each pruned model before and after fine-tuning (by each recovery method, where the table has
+    several); `rec` sorted by fraction pruned."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
-    x = 100 * rec["fraction_pruned"]
-    ax.plot(x, rec["metric_before"], "o--", color="C3", label="pruned, before fine-tuning")
-    ax.plot(x, rec["metric_after"], "o-", color="C2", label="pruned, after fine-tuning")
-    ax.fill_between(x, rec["metric_before"], rec["metric_after"], color="C2", alpha=0.12, lw=0)
+    methods = list(dict.fromkeys(rec["method"])) if "method" in rec else [None]
+    first = rec if methods == [None] else rec[rec["method"] == methods[0]]
+    ax.plot(100 * first["fraction_pruned"], first["metric_before"], "o--", color="C3",
+            label="pruned, before fine-tuning")
+    for i, method in enumerate(methods):
+        rows = rec if method is None else rec[rec["method"] == method]
+        x = 100 * rows["fraction_pruned"]
+        ax.plot(x, rows["metric_after"], "o-", color=f"C{2 + 2 * i}",
+                label="pruned, after fine-tuning" + (f" ({method})" if len(methods) > 1 else ""))
+        ax.fill_between(x, rows["metric_before"], rows["metric_after"], color=f"C{2 + 2 * i}", alpha=0.12, lw=0)
     ax.set_xlabel("heads pruned (% of all heads)")
     ax.set_ylabel(inp.metric_label)
     ax.set_title("Recovery by fine-tuning after pruning")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return png_bytes(fig)
+
+
+def distillation(rec: pd.DataFrame) -> bytes:
+    """Language models: each saved model's test perplexity before recovery and after each recovery method, over the
+    unpruned model's, bars side by side by model (the control, the unpruned model recovered, first)."""
+    models, methods = list(dict.fromkeys(rec["model"])), list(dict.fromkeys(rec["method"]))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+    width = 0.8 / (len(methods) + 1)
+    x = np.arange(len(models))
+    before = rec.drop_duplicates("model").set_index("model").loc[models]
+    ax.bar(x, before["metric_before"] / before["metric_unpruned"], width, color="C3", label="before recovery")
+    for i, method in enumerate(methods):
+        after = rec[rec["method"] == method].set_index("model").loc[models]
+        ax.bar(x + (i + 1) * width, after["metric_after"] / after["metric_unpruned"], width, color=f"C{i}",
+               label=f"after {method}")
+    ax.axhline(1.0, color="0.3", lw=0.8, ls="--", label="unpruned")
+    ax.set_xticks(x + width * len(methods) / 2, models, fontsize=8)
+    ax.set_ylabel("test perplexity / unpruned model's")
+    ax.set_title("Recovery at equal tokens: distillation against the next token")
+    ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     return png_bytes(fig)
 

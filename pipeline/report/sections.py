@@ -344,7 +344,7 @@ def _recovery(doc: Doc, inp: Inputs) -> None:
     if rec is None:
         return
     doc.h(1, "Beyond the paper: fine-tuning after pruning")
-    rec = rec.sort_values("fraction_pruned")
+    rec = rec.sort_values("fraction_pruned", kind="stable")
     if (rec["fraction_pruned"] == 0).any():
         doc.p("The row with no heads pruned is the control: the unpruned model fine-tuned the same way. What it "
               "gains is adaptation to the fine-tuning data, which the pruned models gain too; their recovery is "
@@ -355,6 +355,7 @@ def _recovery(doc: Doc, inp: Inputs) -> None:
         pd.DataFrame(
             {
                 **({"model": rec["model"]} if "model" in rec else {}),
+                **({"method": rec["method"]} if "method" in rec else {}),
                 "heads pruned": rec["fraction_pruned"].map(pct),
                 "before": rec["metric_before"].map(num),
                 "after": rec["metric_after"].map(num),

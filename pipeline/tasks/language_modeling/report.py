@@ -75,6 +75,32 @@ def _width(doc: Doc, inp: Inputs) -> None:
                    f"width pruning on {corpus}: perplexity over the unpruned model's.")
 
 
+def _distillation(doc: Doc, inp: Inputs) -> None:
+    rec = inp.recovery
+    if rec is None or "tokens" not in rec or rec["method"].nunique() < 2:
+        return
+    doc.h(1, "Beyond the paper: recovery by distillation against the next token, at equal tokens")
+    first = rec.iloc[0]
+    doc.p(f"Every saved model recovered by each method on the same batches of the same data: {int(first.tokens):,} "
+          f"tokens ({int(first.steps)} steps) each. The unpruned rows are the control, the unpruned model recovered "
+          f"the same way: what it gains is the recovery data's, not what pruning removed, and 'net' subtracts it. "
+          "Test perplexity, on the same windows for every model; 'x unpruned': after recovery, over the unpruned "
+          "model's.")
+    control = rec[rec["model"] == UNPRUNED_MODEL].set_index("method")
+    rows = []
+    for r in rec.itertuples():
+        gain = 100 * (1 - r.metric_after / r.metric_before)
+        net = gain - 100 * (1 - control.loc[r.method, "metric_after"] / control.loc[r.method, "metric_before"])
+        rows.append({"model": r.model, "method": r.method, "params removed": pct(r.params_removed),
+                     "before": num(r.metric_before), "after": num(r.metric_after),
+                     "x unpruned": f"{r.metric_after / r.metric_unpruned:.2f}x", "gain": f"{gain:+.1f}%",
+                     "net of the control": "" if r.model == UNPRUNED_MODEL else f"{net:+.1f} points",
+                     "tokens": f"{int(r.tokens):,}", "seconds": num(r.seconds, 0)})
+    doc.table(pd.DataFrame(rows))
+    doc.figure("distillation.png", figures.distillation(rec), "test perplexity before and after each recovery "
+               "method, over the unpruned model's.")
+
+
 def _gguf(doc: Doc, inp: Inputs) -> None:
     table = inp.gguf
     if table is None:
@@ -125,5 +151,5 @@ def _generations(doc: Doc, inp: Inputs) -> None:
 
 
 # In the report's order, after the paper's sections (pipeline/report/sections.py).
-SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _width, _zero_shot, _generations,
-                                                         _gguf)
+SECTIONS: tuple[Callable[[Doc, Inputs], None], ...] = (_units_side_by_side, _width, _distillation, _zero_shot,
+                                                         _generations, _gguf)

@@ -27,6 +27,7 @@ from pipeline.core.placement import input_device
 from pipeline.core.runtime import CPU_FP32, Runtime
 from pipeline.data.evaluation import length_grouped_batches
 from pipeline.files.schema import RECOVERY_METHODS
+from pipeline.tasks.language_modeling.distillation import Objective, Teacher, distillation_objective
 from pipeline.tasks.language_modeling.llama import batch_nll, collate_texts
 from pipeline.tasks.language_modeling.lora import lora_adapters
 from pipeline.training.optim import adamw
@@ -47,11 +48,15 @@ class LanguageModelTrainConfig:
 @dataclass(frozen=True)
 class RecoveryConfig:
     """Brief fine-tuning of a pruned model to win back perplexity: LoRA (LLM-Pruner's recovery; the default) or
-    full fine-tuning. The defaults suit a 135M-parameter model on two CPU cores (about 2 s a step at 8 x 128
-    tokens) and a GPU alike; they are LoRA's: full fine-tuning wants a learning rate some ten times smaller."""
+    full fine-tuning, on the next token, or (kd-lora, kd-full) on the unpruned model's next-token distribution
+    (`pipeline.tasks.language_modeling.distillation`). The defaults suit a 135M-parameter model on two CPU cores
+    (about 2 s a step at 8 x 128 tokens) and a GPU alike; they are LoRA's: full fine-tuning wants a learning rate
+    some ten times smaller."""
 
     steps: int = 50
     method: str = "lora"  # one of RECOVERY_METHODS
+    temperature: float = 1.0  # kd- only: the softmax temperature of teacher and student (Minitron's: 1)
+    next_token_weight: float = 0.0  # kd- only: the next-token NLL's weight beside the KL (0: the KL alone)
     batch_size: int = 8  # texts per step
     learning_rate: float = 5e-4  # the peak
     warmup_steps: int = 5
@@ -67,6 +72,19 @@ class RecoveryConfig:
         if self.rank < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
             raise ValueError(f"LoRA needs rank >= 1, alpha > 0 and 0 <= dropout < 1; got rank {self.rank}, "
                              f"alpha {self.alpha}, dropout {self.dropout}")
+        if self.temperature <= 0 or self.next_token_weight < 0:
+            raise ValueError(f"distillation needs temperature > 0 and next_token_weight >= 0; got temperature "
+                             f"{self.temperature}, next_token_weight {self.next_token_weight}")
+
+    @property
+    def distils(self) -> bool:
+        """Whether the loss is the KL from the unpruned model (kd-lora, kd-full) rather than the next token."""
+        return self.method.startswith("kd-")
+
+    @property
+    def adapts(self) -> bool:
+        """Whether LoRA adapters train (lora, kd-lora) rather than every weight."""
+        return self.method.endswith("lora")
 
     def train_config(self) -> LanguageModelTrainConfig:
         """The training loop's settings."""
@@ -132,11 +150,12 @@ def train_language_model(
     cfg: LanguageModelTrainConfig,
     progress: bool = True,
     runtime: Runtime = CPU_FP32,
+    objective: Objective | None = None,
 ) -> list[float]:
     """Train `model`'s parameters that require grad in place, on its device, for cfg.steps optimisation steps over
     `sequences` (token ids, as tokenize_texts makes them), the forward passes at `runtime`'s precision; returns
     every step's loss. The same model, data, config and seed give the same losses (single-threaded CPU, or
-    deterministic kernels).
+    deterministic kernels). The loss is the next-token NLL, or `objective`'s per-row sums (distillation's).
 
     Runs on accelerate (`training_accelerator`): as one process, or under `accelerate launch` as several, each
     taking its share of every global batch of cfg.batch_size texts. Each process's loss is its texts' summed NLL
@@ -180,8 +199,8 @@ def train_language_model(
                 mine, real = _rows_of_process(rows, process, processes)
                 batch = {k: v.to(device) for k, v in collate_texts([sequences[i] for i in mine], pad_id).items()}
                 with runtime.autocast():
-                    nll, _ = batch_nll(prepared, batch)
-                loss = nll.sum() * processes / max(tokens, 1) if real else nll.sum() * 0.0
+                    summed = batch_nll(prepared, batch)[0] if objective is None else objective(prepared, batch, mine)
+                loss = summed.sum() * processes / max(tokens, 1) if real else summed.sum() * 0.0
                 accelerator.backward(loss)
                 accelerator.clip_grad_norm_(prepared.parameters(), cfg.max_grad_norm)
                 optimizer.step()
@@ -206,11 +225,18 @@ def recover_language_model(
     cfg: RecoveryConfig,
     progress: bool = True,
     runtime: Runtime = CPU_FP32,
+    teacher: Teacher | None = None,
 ) -> list[float]:
     """Fine-tune a (pruned) `model` in place for cfg.steps steps over `sequences`, by cfg.method; returns every
     step's loss. LoRA's adapters are merged into the weights at the end, so `model` stays a plain model of the
-    same modules, shapes and parameter count, which `pipeline.core.checkpoint.save_model` saves as any other."""
-    if cfg.method == "full":
-        return train_language_model(model, sequences, pad_id, cfg.train_config(), progress, runtime)
+    same modules, shapes and parameter count, which `pipeline.core.checkpoint.save_model` saves as any other.
+    The kd- methods learn from `teacher` (the unpruned model), on the same batches."""
+    objective = None
+    if cfg.distils:
+        if teacher is None:
+            raise ValueError(f"recovery method {cfg.method} distils from the unpruned model: pass teacher=")
+        objective = distillation_objective(teacher, cfg.temperature, cfg.next_token_weight)
+    if not cfg.adapts:
+        return train_language_model(model, sequences, pad_id, cfg.train_config(), progress, runtime, objective)
     with lora_adapters(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.seed) as adapted:
-        return train_language_model(adapted, sequences, pad_id, cfg.train_config(), progress, runtime)
+        return train_language_model(adapted, sequences, pad_id, cfg.train_config(), progress, runtime, objective)

@@ -62,6 +62,7 @@ from pipeline.files.schema import (
     ZERO_SHOT_TABLE,
 )
 from pipeline.run.experiment import Experiment, log
+from pipeline.tasks.language_modeling.recover import recovered_path
 
 # Snippets whose mean rating lies strictly between -1 and 1 are left out: on the [-4, 4] scale they are mixed or
 # mild, and a binary answer about them would measure the raters' disagreement more than the model.
@@ -271,16 +272,17 @@ def zero_shot_accuracy(
 
 # --- the zero_shot stage -------------------------------------------------------------------------------
 def models(exp: Experiment) -> dict:
-    """The models to read, by label: the unpruned and saved pruned ones, then each recovered one."""
+    """The models to read, by label: the unpruned and saved pruned ones, then each recovered one, by recover.methods
+    (the headline method first)."""
     saved = exp.task.saved_models()
-    recovered = {recovered_label(exp, label): exp.recovered_root / path.name
-                 for label, path in list(saved.items())[1:] if (exp.recovered_root / path.name).is_dir()}
-    return {**saved, **recovered}
+    recovered = {recovered_label(label, method): recovered_path(exp, method, path.name)
+                 for method in exp.params.recover.methods for label, path in list(saved.items())[1:]}
+    return {**saved, **{label: path for label, path in recovered.items() if path.is_dir()}}
 
 
-def recovered_label(exp: Experiment, label: str) -> str:
-    """The label of the saved model `label` after recovery fine-tuning: "33% of KV groups, recovered (lora)"."""
-    return f"{label}, recovered ({exp.params.recover.method})"
+def recovered_label(label: str, method: str) -> str:
+    """The label of the saved model `label` after recovery by `method`: "33% of KV groups, recovered (kd-lora)"."""
+    return f"{label}, recovered ({method})"
 
 
 @torch.inference_mode()
@@ -337,6 +339,6 @@ def headline_accuracy(exp: Experiment, mean: dict[str, float]) -> dict:
         label, fraction = headline
         if label in mean:
             summary.update({PRUNED_METRIC: mean[label], FRACTION_PRUNED: round(float(fraction), 4)})
-        if (recovered := recovered_label(exp, label)) in mean:
+        if (recovered := recovered_label(label, exp.params.recover.method)) in mean:
             summary[RECOVERED_METRIC] = mean[recovered]
     return summary
