@@ -47,6 +47,14 @@ def test_the_kd_loss_is_zero_when_student_and_teacher_are_the_same_model():
     torch.testing.assert_close(loss, torch.zeros(6), atol=1e-6, rtol=0)
 
 
+def test_distilled_from_itself_a_model_gets_no_gradient_but_rounding_which_is_why_the_stage_skips_that_control():
+    model, batch = unpruned(), _batch()
+    objective = distillation_objective(Teacher(copy.deepcopy(model)))
+    objective(model.train(), batch, np.arange(6)).sum().backward()
+    largest = max(param.grad.abs().max().item() for param in model.parameters() if param.grad is not None)
+    assert largest < 1e-6  # Adam, which divides by the gradient's own scale, would turn this rounding into steps
+
+
 def test_the_kd_loss_is_positive_and_falls_over_a_few_steps_on_a_tiny_pruned_model():
     losses = recover_language_model(pruned(), sequences(), PAD, RecoveryConfig(**FAST, method="kd-lora"),
                                     progress=False, teacher=Teacher(unpruned()))

@@ -94,15 +94,21 @@ def recover(exp: Experiment) -> pd.DataFrame:
             model = exp.load(path)
             sites = attention_sites(model)
             start = time.perf_counter()
-            recover_language_model(model, train, task.pad_token_id, config, runtime=exp.runtime,
-                                   teacher=teacher if config.distils else None)
+            # The unpruned model distilled from itself on the KL alone has nothing to learn: its loss is 0 and its
+            # gradient 0 but for rounding, which Adam (dividing by the gradient's own scale) would turn into steps of
+            # noise. The control of a kd- method is the unpruned model as it is.
+            trains = not (label == UNPRUNED_MODEL and config.distils and not config.next_token_weight)
+            if trains:
+                recover_language_model(model, train, task.pad_token_id, config, runtime=exp.runtime,
+                                       teacher=teacher if config.distils else None)
             seconds = time.perf_counter() - start
             if label != UNPRUNED_MODEL and is_main_process():  # under accelerate launch every process holds the same
                 exp.save(model, recovered_path(exp, method, path.name))
             rows.append(dict(model=label, fraction_pruned=1 - sum(s.num_heads for s in sites) / sum(
                                  s.original_num_heads for s in sites),
                              params_removed=1 - non_embedding_parameters(model) / dense_params,
-                             metric_unpruned=unpruned, metric_before=before, metric_after=test(model)[0],
+                             metric_unpruned=unpruned, metric_before=before,
+                             metric_after=test(model)[0] if trains else before,
                              method=method, steps=steps, tokens=tokens, seconds=round(seconds, 1)))
             log.info("recover: %s, test perplexity %.2f -> %.2f after %d %s steps, %d tokens (unpruned %.2f; %.0f s)",
                      label, before, rows[-1]["metric_after"], steps, method, tokens, unpruned, seconds)
