@@ -25,7 +25,7 @@ from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.run.task import Prepared
 from pipeline.tasks.language_modeling.data import load_language_modeling_task, tokenize_texts
 from pipeline.tasks.language_modeling.llama import llama_config
-from pipeline.tasks.language_modeling.zero_shot import fetch_sources, write_samples
+from pipeline.tasks.language_modeling.zero_shot_tasks import fetch_sources, write_samples
 
 
 def wikitext_files() -> dict[str, Path]:
