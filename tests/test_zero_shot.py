@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -23,6 +24,7 @@ from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
 from pipeline.data.readers import TREC_TRAIN_ROWS, read_rotten_tomatoes_ratings
 from pipeline.data.subword import EOS, train_tokenizer
+from pipeline.files.schema import UNPRUNED_MODEL
 from pipeline.tasks.language_modeling.params import ZeroShotParams
 from pipeline.tasks.language_modeling.zero_shot import zero_shot_accuracy
 from pipeline.tasks.language_modeling.zero_shot_tasks import (
@@ -32,6 +34,7 @@ from pipeline.tasks.language_modeling.zero_shot_tasks import (
     ZERO_SHOT_TASKS,
     balanced_sample,
     detokenize_wikitext,
+    moving_means,
     report_blocks,
     sentences,
     write_tasks,
@@ -300,6 +303,20 @@ def test_mmlu_is_posed_with_lm_evals_own_zero_shot_prompt_and_subject_line(task_
     assert task.fewshot_context(doc, 0) == (
         "The following are multiple choice questions (with answers) about elementary mathematics.\n\n"
         f"{doc['text']}\n" + "".join(f"{x}. {c}\n" for x, c in zip("ABCD", doc["choices"], strict=True)) + "Answer:")
+
+
+def test_the_mean_is_over_the_tasks_on_which_the_unpruned_model_is_ten_points_above_chance():
+    rows = [(UNPRUNED_MODEL, "sentiment", 0.81, 0.5), (UNPRUNED_MODEL, "trec", 0.237, 1 / 6),
+            (UNPRUNED_MODEL, "ending", 0.35, 0.25), (UNPRUNED_MODEL, "last_word", 0.3, 0.0),
+            ("pruned", "sentiment", 0.61, 0.5), ("pruned", "trec", 0.17, 1 / 6),
+            ("pruned", "ending", 0.3, 0.25), ("pruned", "last_word", 0.1, 0.0)]
+    accuracy = pd.DataFrame(rows, columns=["model", "task", "value", "chance"])
+    # TREC is 7 points above chance and left out; the ending task exactly 10 above and kept.
+    assert moving_means(accuracy) == {UNPRUNED_MODEL: round((0.81 + 0.35 + 0.3) / 3, 4),
+                                      "pruned": round((0.61 + 0.3 + 0.1) / 3, 4)}
+    # Without the unpruned model to judge by, every task counts.
+    assert moving_means(accuracy[accuracy["model"] == "pruned"]) == {"pruned": round((0.61 + 0.17 + 0.3 + 0.1) / 4,
+                                                                                     4)}
 
 
 def test_the_tasks_param_takes_registered_tasks_once_and_leaves_the_ones_at_chance_opt_in():

@@ -34,7 +34,8 @@ is scored by the log-likelihood of " <choice>" after the prompt: acc picks the l
 character. Where every choice is one token (sentiment's words, MMLU's letters), lm-eval's logits cache scores all of
 an item's choices with one forward pass; an ending or a sentence costs a forward pass per choice.
 
-zero_shot.csv has every task, with its chance level.
+The means of zero_shot.json are over the tasks that move (`moving_tasks`: the unpruned model at least 10 points above
+chance); zero_shot.csv has every task, with its chance level.
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.language_modeling.zero_shot_tasks import (
     CHANCE,
     DEFAULT_TASKS,
+    MOVING_MARGIN,
     ZERO_SHOT_TASKS,
+    moving_means,
+    moving_tasks,
     write_task_configs,
 )
 
@@ -187,7 +191,8 @@ def completions(exp: Experiment, model: torch.nn.Module, tokenizer) -> list[str]
 
 
 def zero_shot(exp: Experiment) -> tuple[dict[str, pd.DataFrame], dict]:
-    """(zero_shot.csv and generations.csv, zero_shot.json) for every model of `models`, on zero_shot.tasks."""
+    """(zero_shot.csv and generations.csv, zero_shot.json) for every model of `models`, on zero_shot.tasks; the
+    means of zero_shot.json are over the tasks that move (`moving_tasks`)."""
     z, tokenizer = exp.params.zero_shot, exp.tokenizer()
     try:
         check_prefix_tokenization(lambda text: tokenizer(text)["input_ids"])
@@ -213,14 +218,18 @@ def zero_shot(exp: Experiment) -> tuple[dict[str, pd.DataFrame], dict]:
                                                          for r in accuracy.itertuples()))
     table = pd.concat(tables, ignore_index=True)[ZERO_SHOT_COLUMNS]
     accuracy = table[table["metric"] == "acc"]
-    mean = {label: round(float(rows["value"].mean()), 4) for label, rows in accuracy.groupby("model", sort=False)}
-    return {ZERO_SHOT_TABLE: table, GENERATIONS_TABLE: pd.DataFrame(generated)}, headline_accuracy(exp, mean)
+    moving = moving_tasks(accuracy)
+    if apart := [task for task in dict.fromkeys(accuracy["task"]) if task not in moving]:
+        log.warning("zero_shot: %s left out of the mean: the unpruned model is within %g points of chance there",
+                    ", ".join(apart), 100 * MOVING_MARGIN)
+    return ({ZERO_SHOT_TABLE: table, GENERATIONS_TABLE: pd.DataFrame(generated)},
+            headline_accuracy(exp, moving_means(accuracy)))
 
 
 def headline_accuracy(exp: Experiment, mean: dict[str, float]) -> dict:
-    """zero_shot.json, the headline for `dvc metrics`: the mean accuracy (lm-eval's acc over the tasks) of the unpruned
-    model, of the most pruned saved one (`headline_model`, as benchmark.json's) and of it recovered. Numbers only: a
-    model not read is left out."""
+    """zero_shot.json, the headline for `dvc metrics`: the mean accuracy (`mean`: lm-eval's acc over the tasks that
+    move) of the unpruned model, of the most pruned saved one (`headline_model`, as benchmark.json's) and of it
+    recovered. Numbers only: a model not read is left out."""
     summary = {UNPRUNED_METRIC: mean[UNPRUNED_MODEL]} if UNPRUNED_MODEL in mean else {}
     headline = exp.task.headline_model()
     if headline is not None:

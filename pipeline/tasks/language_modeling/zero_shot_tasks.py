@@ -16,6 +16,10 @@ The sources are only text that no stage trains or calibrates on (finetune and re
 Tatoeba's sentences, width calibrates on WikiText-2 train): Rotten Tomatoes snippets, TREC's test questions, the
 Mueller report, WikiText-2 test, MMLU's test set.
 
+The mean the stage reports (zero_shot.json) is over the tasks that move: those on which the unpruned model is at
+least MOVING_MARGIN above chance. A task at chance cannot show what pruning costs, and would only pull every
+model's mean towards chance alike.
+
 Light on purpose (the standard library, numpy and yaml): params.py reads the task names before anything heavy loads.
 The builders that read a file with pandas import its reader when they run.
 """
@@ -29,16 +33,23 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
 
 from pipeline.data.assets import MMLU_DATA, MUELLER_REPORT, WIKITEXT2_DATA, WheelAsset, fetch_asset
 from pipeline.data.catalog import OFFLINE_TASKS
-from pipeline.files.schema import DEFAULT
+from pipeline.files.schema import DEFAULT, UNPRUNED_MODEL
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # zero_shot.csv's column beside pipeline/files/schema.py's: each row's chance level (empty for a perplexity).
 CHANCE = "chance"
+# A task counts in the mean when the unpruned model's acc is at least this far above its chance level (two to three
+# standard errors of an accuracy near 50% on 100-200 items): closer to chance, it cannot show what pruning costs.
+MOVING_MARGIN = 0.10
 
 
 # --- the rows builders: a source file -> the candidate items (dicts: id, the prompt's fields, label or target) ---
@@ -423,3 +434,26 @@ def write_tasks(dest: str | Path, sources: Mapping[str, str | Path], n: int | Ma
         write_task_configs(staging, dest, sources)
     return [dest / f"{name}.yaml" for name in sources]
 
+
+# --- the mean over the tasks that move ----------------------------------------------------------------------------
+
+
+def moves(unpruned_accuracy: float, chance: float) -> bool:
+    """Whether a task can show what pruning costs: the unpruned model is at least MOVING_MARGIN above chance."""
+    return unpruned_accuracy >= chance + MOVING_MARGIN
+
+
+def moving_tasks(accuracy: pd.DataFrame) -> list[str]:
+    """The tasks of zero_shot.csv's acc rows (`accuracy`: columns model, task, value, chance) that move, by the
+    unpruned model's accuracy, in the table's order. Every task when the unpruned model was not read."""
+    dense = accuracy[accuracy["model"] == UNPRUNED_MODEL]
+    if dense.empty:
+        return list(dict.fromkeys(accuracy["task"]))
+    return [row.task for row in dense.itertuples() if moves(row.value, row.chance)]
+
+
+def moving_means(accuracy: pd.DataFrame) -> dict[str, float]:
+    """Each model's mean acc over the tasks that move (`accuracy`: zero_shot.csv's acc rows), by model label in the
+    table's order, rounded to 4 digits: zero_shot.json's numbers. Empty when no task moves."""
+    moving = accuracy[accuracy["task"].isin(moving_tasks(accuracy))]
+    return {label: round(float(rows["value"].mean()), 4) for label, rows in moving.groupby("model", sort=False)}
