@@ -319,6 +319,34 @@ def test_the_mean_is_over_the_tasks_on_which_the_unpruned_model_is_ten_points_ab
                                                                                      4)}
 
 
+def test_the_report_shows_each_tasks_chance_the_mean_over_moving_tasks_and_a_task_at_chance_apart():
+    from pipeline.report.document import Doc
+    from pipeline.report.inputs import Inputs
+    from pipeline.tasks.language_modeling.report import _zero_shot
+
+    rows = []
+    for model, values in ((UNPRUNED_MODEL, (0.8, 0.237, 0.5, 11.9)), ("pruned", (0.6, 0.17, 0.2, 400.0))):
+        for (task, metric, chance), value in zip((("zero_shot_sentiment", "acc", 0.5),
+                                                  ("zero_shot_trec", "acc", 1 / 6),
+                                                  ("zero_shot_last_word", "acc", 0.0),
+                                                  ("zero_shot_last_word", "perplexity", float("nan"))),
+                                                 values, strict=True):
+            rows.append({"model": model, "task": task, "metric": metric, "value": value, "stderr": 0.01,
+                         "items": 100, "chance": chance})
+    doc = Doc()
+    _zero_shot(doc, Inputs(zero_shot=pd.DataFrame(rows)))
+    table = next(block[1] for block in doc.blocks if block[0] == "table")
+    assert list(table.columns) == ["model", "sentiment", "last word", "mean", "trec (apart)", "last word perplexity"]
+    assert table.set_index("model").to_dict("index") == {
+        UNPRUNED_MODEL: {"sentiment": "80%", "last word": "50%", "mean": "65%", "trec (apart)": "23.7%",
+                         "last word perplexity": "11.9"},
+        "pruned": {"sentiment": "60%", "last word": "20%", "mean": "40%", "trec (apart)": "17%",
+                   "last word perplexity": "400.0"},
+        "chance": {"sentiment": "50%", "last word": "0%", "mean": "25%", "trec (apart)": "16.7%",
+                   "last word perplexity": ""}}
+    assert any(block[0] == "p" and block[1].startswith("Shown apart, not in the mean: trec.") for block in doc.blocks)
+
+
 def test_the_tasks_param_takes_registered_tasks_once_and_leaves_the_ones_at_chance_opt_in():
     assert ZeroShotParams().tasks == list(DEFAULT_TASKS)
     assert "zero_shot_trec" not in DEFAULT_TASKS and "zero_shot_mmlu" not in DEFAULT_TASKS

@@ -15,6 +15,7 @@ from pipeline.files.schema import IMPORTANCE, UNPRUNED_MODEL, within_tolerance
 from pipeline.report import figures
 from pipeline.report.document import Doc, num, pct
 from pipeline.report.inputs import TEST, Inputs
+from pipeline.tasks.language_modeling.zero_shot_tasks import CHANCE, MOVING_MARGIN, moving_tasks
 
 
 def _by_level(curve: pd.DataFrame, metric: str, split: str) -> pd.DataFrame:
@@ -98,18 +99,35 @@ def _zero_shot(doc: Doc, inp: Inputs) -> None:
         return
     table = inp.zero_shot[inp.zero_shot["metric"] == "acc"]  # lm-eval's acc; zero_shot.csv also has acc_norm
     doc.h(1, "Beyond the paper: zero-shot accuracy (lm-evaluation-harness)")
-    items = table.groupby("task", sort=False)["items"].first()
-    doc.p("Multiple choice through lm-eval's own task YAMLs over local files and its Hugging Face model class, "
-          "the same questions for every model: " + ", ".join(f"{task} ({int(n)} questions)" for task, n in
-                                                            items.items()) + ".")
+    tasks = table.groupby("task", sort=False)[["items", CHANCE]].first()
+    doc.p("lm-eval's own task YAMLs over local files (text no stage trains on) and its Hugging Face model class, "
+          "the same items for every model, scored by lm-eval's acc (the last word: whether greedy decoding gives it "
+          "exactly): " + ", ".join(f"{_task_name(task)} ({int(row['items'])} items, chance {pct(row[CHANCE])})"
+                                   for task, row in tasks.iterrows()) + ".")
+    moving = moving_tasks(table)
+    apart = [task for task in tasks.index if task not in moving]
     wide = table.pivot(index="model", columns="task", values="value")
     wide = wide.loc[list(dict.fromkeys(table["model"]))]
-    shown = pd.DataFrame({"model": wide.index})
-    for task in wide.columns:
-        shown[task] = [pct(v) for v in wide[task]]
-    shown["mean"] = [pct(v) for v in wide.mean(axis=1)]
+    shown = pd.DataFrame({"model": [*wide.index, "chance"]})
+    for task in moving:
+        shown[_task_name(task)] = [*map(pct, wide[task]), pct(tasks.loc[task, CHANCE])]
+    shown["mean"] = [*map(pct, wide[moving].mean(axis=1)), pct(tasks.loc[moving, CHANCE].mean())]
+    for task in apart:
+        shown[f"{_task_name(task)} (apart)"] = [*map(pct, wide[task]), pct(tasks.loc[task, CHANCE])]
+    perplexity = inp.zero_shot[inp.zero_shot["metric"] == "perplexity"]
+    for task, rows in perplexity.groupby("task", sort=False):
+        at = rows.set_index("model")["value"]
+        shown[f"{_task_name(task)} perplexity"] = [*(num(at[m]) if m in at else "" for m in wide.index), ""]
     doc.table(shown)
+    if apart:
+        doc.p(f"Shown apart, not in the mean: {', '.join(map(_task_name, apart))}. The unpruned model is less than "
+              f"{100 * MOVING_MARGIN:g} points above chance there, so the task cannot show what pruning costs.")
     doc.figure("zero_shot.png", figures.zero_shot(table), "zero-shot accuracy of every model, by task.")
+
+
+def _task_name(task: str) -> str:
+    """zero_shot_last_word -> 'last word'."""
+    return task.removeprefix("zero_shot_").replace("_", " ")
 
 
 def _generations(doc: Doc, inp: Inputs) -> None:
