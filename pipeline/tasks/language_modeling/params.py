@@ -3,7 +3,7 @@ sections only it reads; the shared ones are pipeline/config/params.py's."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -30,6 +30,7 @@ from pipeline.files.schema import (
     WIDTH_BUDGETS,
     WIDTH_METHODS,
 )
+from pipeline.tasks.language_modeling.zero_shot_tasks import DEFAULT_TASKS, TASK_NAMES
 
 # The shape of the scratch model: a pretrained model brings its own, so setting one of these with it is an error.
 LM_SHAPE_KEYS = ("vocab_size", "hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "dropout")
@@ -150,14 +151,33 @@ class LanguageModelingRecoverParams(Section):
         return max(1, -(-self.tokens // (self.batch_size * window)))
 
 
+_Items = Annotated[int, Field(ge=10)]
+
+
 class ZeroShotParams(Section):
     """Zero-shot accuracy through lm-evaluation-harness and greedy completions (the zero_shot stage)."""
 
-    # Questions per task, a seeded sample of the offline data that prepare writes as lm-eval task files.
-    items: int = Field(300, ge=10)
+    # lm-eval tasks over offline files (pipeline/tasks/language_modeling/zero_shot_tasks.py, ZERO_SHOT_TASKS).
+    tasks: list[Literal[TASK_NAMES]] = Field(default_factory=lambda: list(DEFAULT_TASKS), min_length=1)
+    # Questions per task, a seeded sample of the offline data that prepare writes as lm-eval task files (all of a
+    # task's when it has fewer): one count for every task, or a count per task, since a task's cost per question
+    # differs (a four-way choice of sentences is four forward passes, a one-word answer one).
+    items: _Items | dict[Literal[TASK_NAMES], _Items] = 300
     batch_size: int = Field(16, ge=1)
     prompts: list[str] = Field(default_factory=lambda: ["The capital of France is"], min_length=1)
     new_tokens: int = Field(24, ge=1)
+
+    @model_validator(mode="after")
+    def _each_task_once_with_a_count(self) -> ZeroShotParams:
+        if len(set(self.tasks)) < len(self.tasks):
+            raise ValueError(f"tasks: each task once; got {self.tasks}")
+        if isinstance(self.items, dict) and (missing := [task for task in self.tasks if task not in self.items]):
+            raise ValueError(f"items: no count for {', '.join(missing)}")
+        return self
+
+    def items_of(self, task: str) -> int:
+        """The questions of `task`'s sample."""
+        return self.items if isinstance(self.items, int) else self.items[task]
 
 
 class WidthParams(Section):

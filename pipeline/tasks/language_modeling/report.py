@@ -15,6 +15,13 @@ from pipeline.files.schema import IMPORTANCE, UNPRUNED_MODEL, within_tolerance
 from pipeline.report import figures
 from pipeline.report.document import Doc, num, pct
 from pipeline.report.inputs import TEST, Inputs
+from pipeline.tasks.language_modeling.zero_shot_tasks import (
+    CHANCE,
+    MOVING_MARGIN,
+    moving_means,
+    moving_tasks,
+    recovered_label,
+)
 
 
 def _by_level(curve: pd.DataFrame, metric: str, split: str) -> pd.DataFrame:
@@ -85,8 +92,9 @@ def _distillation(doc: Doc, inp: Inputs) -> None:
           f"tokens ({int(first.steps)} steps) each. The unpruned rows are the control, the unpruned model recovered "
           f"the same way: what it gains is the recovery data's, not what pruning removed, and 'net' subtracts it. "
           "Test perplexity, on the same windows for every model; 'x unpruned': after recovery, over the unpruned "
-          "model's.")
+          "model's; zero-shot: the mean accuracy over the tasks that move (below).")
     control = rec[rec["model"] == UNPRUNED_MODEL].set_index("method")
+    accuracy = {} if inp.zero_shot is None else moving_means(inp.zero_shot[inp.zero_shot["metric"] == "acc"])
     rows = []
     for r in rec.itertuples():
         gain = 100 * (1 - r.metric_after / r.metric_before)
@@ -95,6 +103,9 @@ def _distillation(doc: Doc, inp: Inputs) -> None:
                      "before": num(r.metric_before), "after": num(r.metric_after),
                      "x unpruned": f"{r.metric_after / r.metric_unpruned:.2f}x", "gain": f"{gain:+.1f}%",
                      "net of the control": "" if r.model == UNPRUNED_MODEL else f"{net:+.1f} points",
+                     "zero-shot before": pct(accuracy[r.model]) if r.model in accuracy else "",
+                     "zero-shot after": pct(accuracy[label]) if (label := recovered_label(r.model, r.method))
+                     in accuracy else "",
                      "tokens": f"{int(r.tokens):,}", "seconds": num(r.seconds, 0)})
     doc.table(pd.DataFrame(rows))
     doc.figure("distillation.png", figures.distillation(rec), "test perplexity before and after each recovery "
@@ -124,18 +135,35 @@ def _zero_shot(doc: Doc, inp: Inputs) -> None:
         return
     table = inp.zero_shot[inp.zero_shot["metric"] == "acc"]  # lm-eval's acc; zero_shot.csv also has acc_norm
     doc.h(1, "Beyond the paper: zero-shot accuracy (lm-evaluation-harness)")
-    items = table.groupby("task", sort=False)["items"].first()
-    doc.p("Multiple choice through lm-eval's own task YAMLs over local files and its Hugging Face model class, "
-          "the same questions for every model: " + ", ".join(f"{task} ({int(n)} questions)" for task, n in
-                                                            items.items()) + ".")
+    tasks = table.groupby("task", sort=False)[["items", CHANCE]].first()
+    doc.p("lm-eval's own task YAMLs over local files (text no stage trains on) and its Hugging Face model class, "
+          "the same items for every model, scored by lm-eval's acc (the last word: whether greedy decoding gives it "
+          "exactly): " + ", ".join(f"{_task_name(task)} ({int(row['items'])} items, chance {pct(row[CHANCE])})"
+                                   for task, row in tasks.iterrows()) + ".")
+    moving = moving_tasks(table)
+    apart = [task for task in tasks.index if task not in moving]
     wide = table.pivot(index="model", columns="task", values="value")
     wide = wide.loc[list(dict.fromkeys(table["model"]))]
-    shown = pd.DataFrame({"model": wide.index})
-    for task in wide.columns:
-        shown[task] = [pct(v) for v in wide[task]]
-    shown["mean"] = [pct(v) for v in wide.mean(axis=1)]
+    shown = pd.DataFrame({"model": [*wide.index, "chance"]})
+    for task in moving:
+        shown[_task_name(task)] = [*map(pct, wide[task]), pct(tasks.loc[task, CHANCE])]
+    shown["mean"] = [*map(pct, wide[moving].mean(axis=1)), pct(tasks.loc[moving, CHANCE].mean())]
+    for task in apart:
+        shown[f"{_task_name(task)} (apart)"] = [*map(pct, wide[task]), pct(tasks.loc[task, CHANCE])]
+    perplexity = inp.zero_shot[inp.zero_shot["metric"] == "perplexity"]
+    for task, rows in perplexity.groupby("task", sort=False):
+        at = rows.set_index("model")["value"]
+        shown[f"{_task_name(task)} perplexity"] = [*(num(at[m]) if m in at else "" for m in wide.index), ""]
     doc.table(shown)
+    if apart:
+        doc.p(f"Shown apart, not in the mean: {', '.join(map(_task_name, apart))}. The unpruned model is less than "
+              f"{100 * MOVING_MARGIN:g} points above chance there, so the task cannot show what pruning costs.")
     doc.figure("zero_shot.png", figures.zero_shot(table), "zero-shot accuracy of every model, by task.")
+
+
+def _task_name(task: str) -> str:
+    """zero_shot_last_word -> 'last word'."""
+    return task.removeprefix("zero_shot_").replace("_", " ")
 
 
 def _generations(doc: Doc, inp: Inputs) -> None:
