@@ -8,9 +8,11 @@ import copy
 import gzip
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
+from pipeline.studies.recovery_budget import tokens_for
 from pipeline.tasks.language_modeling.distillation import (
     Teacher,
     distillation_objective,
@@ -134,3 +136,12 @@ def test_a_sampled_draw_is_seeded_and_a_longer_one_extends_it():
     texts = [f"text {i} " * (i + 1) for i in range(50)]
     short, long = sampled_texts(texts, 100, seed=0), sampled_texts(texts, 1000, seed=0)
     assert long[: len(short)] == short and sum(map(len, short)) >= 100 and short != sampled_texts(texts, 100, seed=1)
+
+
+def test_the_budget_trend_solves_a_power_law_for_the_tokens_at_the_target_and_none_when_it_does_not_fall():
+    tokens = np.array([1_000, 2_000, 4_000])
+    falling = pd.DataFrame({"method": "kd-lora", "top_k": np.nan, "tokens": tokens,
+                            "ratio": 1 + 0.8 * (tokens / 1e3) ** -0.5})
+    assert tokens_for(falling, "kd-lora", 1.15) == pytest.approx(1e3 * (0.8 / 0.15) ** 2, rel=1e-6)
+    flat = falling.assign(ratio=1.5)
+    assert tokens_for(flat, "kd-lora", 1.15) is None
