@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pipeline.studies.recovery_budget import tokens_for
+from pipeline.studies.recovery_settings import best_settings
 from pipeline.tasks.language_modeling.distillation import (
     Teacher,
     distillation_objective,
@@ -145,3 +146,15 @@ def test_the_budget_trend_solves_a_power_law_for_the_tokens_at_the_target_and_no
     assert tokens_for(falling, "kd-lora", 1.15) == pytest.approx(1e3 * (0.8 / 0.15) ** 2, rel=1e-6)
     flat = falling.assign(ratio=1.5)
     assert tokens_for(flat, "kd-lora", 1.15) is None
+
+
+def test_the_settings_study_picks_per_method_what_is_best_over_all_models_counting_each_model_the_same():
+    rows = [("a", "lora", 5e-4, 0.0, 100, 90), ("b", "lora", 5e-4, 0.0, 10, 6),   # log-ratio sum -0.62
+            ("a", "lora", 2e-3, 0.0, 100, 60), ("b", "lora", 2e-3, 0.0, 10, 9.9),  # -0.52: a alone would pick it
+            ("a", "kd-lora", 2e-3, 0.0, 100, 80), ("b", "kd-lora", 2e-3, 0.0, 10, 8),
+            ("a", "kd-lora", 2e-3, 1.0, 100, 70), ("b", "kd-lora", 2e-3, 1.0, 10, 7)]
+    table = pd.DataFrame(rows, columns=["model", "method", "learning_rate", "next_token_weight", "before",
+                                        "perplexity"])
+    best = best_settings(table).set_index("method")
+    assert best.loc["lora", "learning_rate"] == 5e-4
+    assert (best.loc["kd-lora", "learning_rate"], best.loc["kd-lora", "next_token_weight"]) == (2e-3, 1.0)

@@ -128,10 +128,10 @@ def test_recovery_saves_every_pruned_model_by_each_method_and_recovers_the_unpru
     controls = recovery[recovery["model"] == "unpruned"]
     assert list(controls["method"]) == ["kd-lora", "lora"] and (controls["fraction_pruned"] == 0).all()
     assert (controls["metric_before"] == controls["metric_unpruned"]).all()
-    # Distilled from itself on the KL alone, the control has nothing to learn and is left as it is; LoRA moves it.
+    # The default distils with the next token beside the KL (recover.next_token_weight: 1), so the control, whose KL
+    # from itself is 0, still learns the next token: both controls move.
     kd, lora = controls.iloc[0], controls.iloc[1]
-    assert kd["metric_after"] == kd["metric_before"] and kd["seconds"] < 1
-    assert lora["metric_after"] != lora["metric_before"]
+    assert kd["metric_after"] != kd["metric_before"] and lora["metric_after"] != lora["metric_before"]
     assert (recovery["params_removed"][recovery["model"] != "unpruned"] > 0).all()
     assert set(recovery["tokens"]) == {5 * 16 * 12} and set(recovery["steps"]) == {5}  # the budget, in full windows
     recovered = repo / "artifacts" / "tiny-lm" / "recovered"
