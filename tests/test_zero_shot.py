@@ -312,11 +312,11 @@ def test_the_mean_is_over_the_tasks_on_which_the_unpruned_model_is_ten_points_ab
             ("pruned", "ending", 0.3, 0.25), ("pruned", "last_word", 0.1, 0.0)]
     accuracy = pd.DataFrame(rows, columns=["model", "task", "value", "chance"])
     # TREC is 7 points above chance and left out; the ending task exactly 10 above and kept.
-    assert moving_means(accuracy) == {UNPRUNED_MODEL: round((0.81 + 0.35 + 0.3) / 3, 4),
-                                      "pruned": round((0.61 + 0.3 + 0.1) / 3, 4)}
+    assert moving_means(accuracy) == pytest.approx({UNPRUNED_MODEL: (0.81 + 0.35 + 0.3) / 3,
+                                                    "pruned": (0.61 + 0.3 + 0.1) / 3})
     # Without the unpruned model to judge by, every task counts.
-    assert moving_means(accuracy[accuracy["model"] == "pruned"]) == {"pruned": round((0.61 + 0.17 + 0.3 + 0.1) / 4,
-                                                                                     4)}
+    assert moving_means(accuracy[accuracy["model"] == "pruned"]) == pytest.approx(
+        {"pruned": (0.61 + 0.17 + 0.3 + 0.1) / 4})
 
 
 def test_the_report_shows_each_tasks_chance_the_mean_over_moving_tasks_and_a_task_at_chance_apart():

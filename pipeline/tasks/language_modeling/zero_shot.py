@@ -223,7 +223,7 @@ def zero_shot(exp: Experiment) -> tuple[dict[str, pd.DataFrame], dict]:
         log.warning("zero_shot: %s left out of the mean: the unpruned model is within %g points of chance there",
                     ", ".join(apart), 100 * MOVING_MARGIN)
     return ({ZERO_SHOT_TABLE: table, GENERATIONS_TABLE: pd.DataFrame(generated)},
-            headline_accuracy(exp, moving_means(accuracy)))
+            headline_accuracy(exp, {label: round(mean, 4) for label, mean in moving_means(accuracy).items()}))
 
 
 def headline_accuracy(exp: Experiment, mean: dict[str, float]) -> dict:

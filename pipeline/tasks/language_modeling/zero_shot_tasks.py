@@ -445,6 +445,6 @@ def moving_tasks(accuracy: pd.DataFrame) -> list[str]:
 
 def moving_means(accuracy: pd.DataFrame) -> dict[str, float]:
     """Each model's mean acc over the tasks that move (`accuracy`: zero_shot.csv's acc rows), by model label in the
-    table's order, rounded to 4 digits: zero_shot.json's numbers. Empty when no task moves."""
+    table's order. Empty when no task moves."""
     moving = accuracy[accuracy["task"].isin(moving_tasks(accuracy))]
-    return {label: round(float(rows["value"].mean()), 4) for label, rows in moving.groupby("model", sort=False)}
+    return {label: float(rows["value"].mean()) for label, rows in moving.groupby("model", sort=False)}
