@@ -19,7 +19,6 @@ import argparse
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -84,9 +83,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{label}: {method}{f' (teacher top-{top_k})' if top_k else ''}, {rows[-1]['tokens']:,} tokens: "
               f"perplexity {after:.2f} = {after / unpruned:.3f}x unpruned ({seconds:.0f} s)", flush=True)
     table = pd.DataFrame(rows)
-    out = Path(args.csv or f"reports/studies/recovery-budget/{exp.params.experiment}.csv")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(out, table)
+    out = write_csv(args.csv or f"reports/studies/recovery-budget/{exp.params.experiment}.csv", table)
     print(f"unpruned perplexity {unpruned:.2f}; table: {out}")
     for method in r.methods:
         needed = tokens_for(table, method, args.target)

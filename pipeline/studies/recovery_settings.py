@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -73,9 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                           f"{f', next-token weight {weight:g}' if distils else ''}: dev perplexity {before:.2f} -> "
                           f"{after:.2f} ({seconds:.0f} s)", flush=True)
     table = pd.DataFrame(rows)
-    out = Path(args.csv or f"reports/studies/recovery-settings/{exp.params.experiment}.csv")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(out, table)
+    out = write_csv(args.csv or f"reports/studies/recovery-settings/{exp.params.experiment}.csv", table)
     print(f"table: {out}")
     for best in best_settings(table).itertuples():
         print(f"{best.method}: best on dev at learning rate {best.learning_rate:g}"
