@@ -36,8 +36,10 @@ def tiny_llm_pipeline_params() -> dict:
     params["width"].update(methods=list(WIDTH_METHODS), compensations=["none", "bias", "refit"], levels=[0.25],
                            calibration_examples=8, window_tokens=8, eval_examples=4, batch_size=4,
                            held_out="held_out.txt", save_levels=[0.25])
-    # Distillation beside the next-token baseline, 5 steps of 16 windows of 12 tokens each.
-    params["recover"].update(method="kd-lora", baselines=["lora"], tokens=960, batch_size=16, warmup_steps=1)
+    # Distillation (the KL and, as llm/params.yaml's, the next token) beside the next-token baseline, 5 steps of 16
+    # windows of 12 tokens each.
+    params["recover"].update(method="kd-lora", baselines=["lora"], tokens=960, batch_size=16, warmup_steps=1,
+                             next_token_weight=1.0)
     params["benchmark"].update(batch_sizes=[1, 2], prompt_tokens=8, new_tokens=4, repeats=1, turn_seconds=0)
     return params
 
@@ -128,8 +130,8 @@ def test_recovery_saves_every_pruned_model_by_each_method_and_recovers_the_unpru
     controls = recovery[recovery["model"] == "unpruned"]
     assert list(controls["method"]) == ["kd-lora", "lora"] and (controls["fraction_pruned"] == 0).all()
     assert (controls["metric_before"] == controls["metric_unpruned"]).all()
-    # The default distils with the next token beside the KL (recover.next_token_weight: 1), so the control, whose KL
-    # from itself is 0, still learns the next token: both controls move.
+    # Distilled with the next token beside the KL (recover.next_token_weight: 1), the control, whose KL from itself is
+    # 0, still learns the next token: both controls move.
     kd, lora = controls.iloc[0], controls.iloc[1]
     assert kd["metric_after"] != kd["metric_before"] and lora["metric_after"] != lora["metric_before"]
     assert (recovery["params_removed"][recovery["model"] != "unpruned"] > 0).all()
