@@ -21,8 +21,12 @@ def prefect_home(tmp_path_factory):
     # atexit stop would log to a closed stream (a "--- Logging error ---" traceback after the summary), and the
     # next module would reuse a server that reads this module's PREFECT_HOME. Imported here, not at the top:
     # importing Prefect's server before PREFECT_HOME is set leaves the ephemeral server unable to start.
+    # Flow runs' log records still queued for the API go first, while it is up: sent at exit they find no server
+    # ("--- Error logging to API --- All connection attempts failed" after the summary).
+    from prefect.logging.handlers import APILogHandler
     from prefect.server.api.server import SubprocessASGIServer
 
+    APILogHandler().flush()
     SubprocessASGIServer().stop()
     for key, value in saved.items():
         if value is None:
