@@ -4,13 +4,17 @@ range."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from pipeline.core import timer
 from pipeline.core.timer import (
     MAX_CALLS_PER_TURN,
     calls_per_turn,
     interleaved_times,
+    peak_allocated_mib,
     ratio_columns,
     speedup_ratio,
     spread_times,
@@ -118,3 +122,14 @@ def test_the_interquartile_range_and_the_range_bracket_the_median_of_the_rounds_
     assert (ratio.min, ratio.max) == pytest.approx((1.0, 1.7))
     assert ratio_columns(ratio) == pytest.approx(
         {"speedup": 1.35, "speedup_q1": 1.175, "speedup_q3": 1.525, "speedup_min": 1.0, "speedup_max": 1.7})
+
+
+def test_peak_memory_is_measured_without_the_profilers_lines_and_keeps_the_rest_of_stderr(capfd):
+    def allocate() -> torch.Tensor:
+        os.write(2, b"a line of the model's own\n")
+        return torch.ones(256, 1024)  # 1 MiB of float32
+
+    assert peak_allocated_mib(allocate) == pytest.approx(1.0)
+    err = capfd.readouterr().err
+    assert "a line of the model's own" in err
+    assert not any(line.startswith(("USDT:", "STAGE:")) for line in err.splitlines()), err

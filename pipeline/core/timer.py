@@ -17,10 +17,14 @@ callables.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,7 +159,8 @@ def peak_allocated_mib(fn: Callable[[], object], runtime: Runtime = CPU_FP32) ->
             fn()
         return memory["peak_mib"]
     cpu = [torch.profiler.ProfilerActivity.CPU]
-    with runtime.autocast(), torch.profiler.profile(activities=cpu, profile_memory=True) as prof:
+    with _without_profiler_lines(), runtime.autocast(), torch.profiler.profile(activities=cpu,
+                                                                                profile_memory=True) as prof:
         fn()
     live = peak = 0
     allocations = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -163,6 +168,32 @@ def peak_allocated_mib(fn: Callable[[], object], runtime: Runtime = CPU_FP32) ->
         live += event.nbytes()
         peak = max(peak, live)
     return peak / 2**20
+
+
+# What the profiler's C++ side (Kineto) writes to file descriptor 2 at every start and stop, whatever its log level
+# (KINETO_LOG_LEVEL silences the rest, not these): "USDT:<time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52]
+# profiler_start", and "STAGE:..." lines.
+PROFILER_LINE_PREFIXES = ("USDT:", "STAGE:")
+
+
+@contextlib.contextmanager
+def _without_profiler_lines() -> Iterator[None]:
+    """Runs the block with the process's stderr (fd 2, where C++ writes) caught in a file, then writes back every
+    line but the profiler's own: a stage's output says what the stage did, not that a profiler started."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith(PROFILER_LINE_PREFIXES)]
+            sys.stderr.write("".join(kept))
 
 
 def peak_rss_bytes(reset: bool = False) -> int:
