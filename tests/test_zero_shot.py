@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 from tokenizers import processors
 
+from pipeline.config.params import ParamsError, parse_params
 from pipeline.core.checkpoint import save_model
 from pipeline.core.sites import attention_sites
 from pipeline.core.surgery import prune_heads
@@ -40,6 +41,7 @@ from pipeline.tasks.language_modeling.zero_shot_tasks import (
     write_tasks,
 )
 from tests.tiny_models import VOCAB, tiny_model
+from tests.tiny_project import ROOT
 
 N = 12  # items per task
 WORDS = "good bad film movie great dull plot fun boring actors story".split()
@@ -354,6 +356,24 @@ def test_the_tasks_param_takes_registered_tasks_once_and_leaves_the_ones_at_chan
     for bad in (["zero_shot_lambada"], ["zero_shot_trec", "zero_shot_trec"], []):
         with pytest.raises(ValidationError):
             ZeroShotParams(tasks=bad)
+
+
+@pytest.mark.parametrize(("items", "line"), [
+    ({"zero_shot_sentiment": 0},
+     "zero_shot.items.zero_shot_sentiment: Input should be greater than or equal to 10 (got 0)"),
+    ({"zero_shot_sentiment": "many"},
+     "zero_shot.items.zero_shot_sentiment: Input should be a valid integer, unable to parse string as an integer "
+     "(got 'many')"),
+    ({"zero_shot_lambada": 50}, "zero_shot.items: key 'zero_shot_lambada': Input should be 'zero_shot_sentiment', "),
+    (3, "zero_shot.items: Input should be greater than or equal to 10 (got 3)"),
+])
+def test_a_bad_count_in_the_items_mapping_names_its_key_and_value_not_the_other_shape(items, line):
+    raw = yaml.safe_load((ROOT / "llm" / "params.yaml").read_text())
+    raw["zero_shot"]["items"] = items
+    with pytest.raises(ParamsError) as error:
+        parse_params(raw)
+    message = str(error.value)
+    assert message.startswith(f"invalid params: {line}") and "constrained-int" not in message, message
 
 
 # --- the evaluation -------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from pipeline.files.schema import (
     MEMORY_KEY_PATTERN,
     MEMORY_SIZE_PATTERN,
     PLACEMENTS,
-    PRECISIONS,
+    PRECISION_SETTINGS,
     SCORE_ESTIMATORS,
     SPLITS,
 )
@@ -158,7 +158,7 @@ class PruneParams(Section):
         return self
 
 
-Precision = Literal[PRECISIONS]
+Precision = Literal[PRECISION_SETTINGS]  # "auto" resolves by hardware (pipeline/core/runtime.py)
 Placement = Literal[PLACEMENTS]
 
 
@@ -243,19 +243,50 @@ def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
+# How pydantic names the member of a union an error is from, as one element of its location ("constrained-int",
+# "dict[literal['a','b'],constrained-int]"): not a key of the params, so it is left out of the line.
+UNION_MEMBER = re.compile(r"constrained-[a-z]+|int|float|str|bool|none|[a-z-]+\[.*\]")
+
+
+def _without_union_members(errors: list[dict]) -> list[dict]:
+    """`errors` with each union's members reduced to those the input had the shape of: `items: {task: 0}` is
+    wrong as a mapping (a count too small), not as an integer, so only the mapping's error stays, under the key
+    and the value that are wrong. A union member's name is dropped from every location."""
+    def member_at(loc: tuple) -> int | None:
+        return next((i for i, part in enumerate(loc) if i > 0 and isinstance(part, str)
+                     and UNION_MEMBER.fullmatch(part)), None)
+
+    deeper = {e["loc"][:i] for e in errors if (i := member_at(e["loc"])) is not None and len(e["loc"]) > i + 1}
+    kept = []
+    for e in errors:
+        i = member_at(e["loc"])
+        if i is None:
+            kept.append(e)
+        elif not (len(e["loc"]) == i + 1 and e["loc"][:i] in deeper):  # the wrong shape, beside the right one
+            kept.append({**e, "loc": e["loc"][:i] + e["loc"][i + 1:]})
+    return kept
+
+
 def _describe(error: ValidationError, root: type[BaseModel]) -> str:
-    lines = []
-    for e in error.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    lines: dict[str, list[str]] = {}
+    for e in _without_union_members(error.errors()):
+        loc = e["loc"]
+        if loc and loc[-1] == "[key]":  # a mapping's key that is not allowed: "items: key 'nope': ..."
+            loc, e = loc[:-2], {**e, "msg": f"key {loc[-2]!r}: {e['msg']}", "input": None}
+        key = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown key; allowed here: {', '.join(_allowed_keys(root, e['loc'][:-1]))}")
+            line = f"{key}: unknown key; allowed here: {', '.join(_allowed_keys(root, e['loc'][:-1]))}"
         elif e["type"] == "value_error" and isinstance(e.get("input"), dict):
             # A check across a section's keys: its message names them; the whole section would only be noise.
             prefix = f"{key}." if e["loc"] else ""
-            lines.append(f"{prefix}{e['msg'].removeprefix('Value error, ')}")
+            line = f"{prefix}{e['msg'].removeprefix('Value error, ')}"
         else:
-            lines.append(f"{key}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})")
-    return "; ".join(lines)
+            got = "" if e.get("input") is None else f" (got {e['input']!r})"
+            line = f"{e['msg'].removeprefix('Value error, ')}{got}"
+            lines.setdefault(key, []).append(line)  # a union's members each say what they take: "... or ..."
+            continue
+        lines.setdefault(line, [])
+    return "; ".join(f"{key}: {' or '.join(said)}" if said else key for key, said in lines.items())
 
 
 def parse_params(raw: dict) -> ExperimentSection:
