@@ -5,7 +5,8 @@
   checked on a tiny repository laid out as the task families are (one package each, imported by name);
 - with DVC itself, on a clone of HEAD, an edit to one family's module, or to the benchmark timer, stales no stage
   that does not run it (issue 44);
-- the sub-packages of `pipeline/` import only the layers below them.
+- the sub-packages of `pipeline/` import only the layers below them;
+- every committed dvc.lock is fresh for code and params: its tables come from the code in the tree.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.checks.dvc_deps import PIPELINES, ImportGraph, differences, main, read_stages
+from pipeline.checks.fresh_locks import git_tracked, locked_pipelines, stale_reasons, stale_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPH = ImportGraph(ROOT)
@@ -305,3 +307,35 @@ def test_sub_packages_import_only_the_layers_below(module: str) -> None:
     upward = sorted(m for m in GRAPH.direct_imports(module)
                     if m.count(".") >= 1 and LAYERS.index(m.split(".")[1]) > layer)
     assert not upward, f"{module} imports layers above its own: {upward}"
+
+
+# --- every committed lock fresh for code and params (pipeline/checks/fresh_locks.py) -----------------------------
+
+
+def test_a_stage_is_stale_for_its_command_params_and_tracked_code_not_for_outputs_or_other_stages_outputs() -> None:
+    status = {
+        "llm/dvc.yaml:score": [{"changed deps": {"pipeline/core/timer.py": "modified",
+                                                 "artifacts/x/finetuned": "deleted",
+                                                 "llm/params.yaml": {"runtime.precision": "modified"}}},
+                               {"changed outs": {"reports/x/importance.csv": "not in cache"}}],
+        "llm/dvc.yaml:prepare": [{"changed outs": {"artifacts/x/data": "not in cache"}}],
+        "llm/dvc.yaml:report": ["changed command"],
+        "llm/dvc.yaml:ablate": [{"changed deps": {"artifacts/x/data": "deleted"}}],
+    }
+    assert stale_reasons(status, tracked={"pipeline/core/timer.py"}) == {
+        "llm/dvc.yaml:score": ["pipeline/core/timer.py (modified)", "param runtime.precision (modified)"],
+        "llm/dvc.yaml:report": ["its command"],
+    }
+
+
+def test_git_tracked_paths_are_the_code_deps_and_untracked_ones_are_outputs() -> None:
+    assert git_tracked(["pipeline/core", "stages/score.py", "artifacts/smollm2-wikitext/data"]) == {
+        "pipeline/core", "stages/score.py"}
+
+
+def test_every_committed_lock_is_fresh_for_code_and_params() -> None:
+    """A change to a module a stage runs lands with that pipeline's rerun (`make repro`, `make repro-mt`, `make
+    repro-llm`) and its committed dvc.lock, or this fails."""
+    assert locked_pipelines() == ["dvc.yaml", "mt/dvc.yaml", "llm/dvc.yaml"]
+    stale = {pipeline: stale_stages(pipeline) for pipeline in locked_pipelines()}
+    assert stale == {pipeline: {} for pipeline in locked_pipelines()}, stale
