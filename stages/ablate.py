@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         write_csv(exp.reports / ONE_GROUP_TABLE, one_group)
         if len(one_group):
             summary[WORST_ONE_GROUP_DELTA] = round(float(one_group.delta.min()), 4)
-    write_json(exp.reports / ABLATE_SUMMARY, summary)
+    write_json(exp.reports / ABLATE_SUMMARY, exp.metrics(summary))
     log.info("ablate (%s, %d examples): %d of %d single-head removals significant (p<%g), %d of them improve; "
              "worst delta %.2f, worst one-head layer delta %s", p.ablate.split, len(task_eval),
              summary[SIGNIFICANT], len(ablation), ALPHA, summary[SIGNIFICANT_IMPROVING],

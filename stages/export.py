@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
             log.info("export: %s as %s: %.1f MiB (safetensors %.1f), test perplexity %.3f (folder %.3f)", label,
                      out_type, rows[-1]["gguf_mib"], rows[-1]["safetensors_mib"], rows[-1]["perplexity_gguf"],
                      folder_ppl)
-    write_csv(exp.reports / GGUF_TABLE, pd.DataFrame(rows, columns=TABLE_COLUMNS[GGUF_TABLE]))
+    write_csv(exp.reports / GGUF_TABLE, exp.stamped(pd.DataFrame(rows, columns=TABLE_COLUMNS[GGUF_TABLE])))
 
 
 if __name__ == "__main__":

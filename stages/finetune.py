@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     if result.losses is not None:  # the loss of every step of a model trained here; empty for one taken as it is
         write_csv(exp.reports / TRAINING_LOSS_TABLE,
                   pd.DataFrame({"step": range(1, len(result.losses) + 1), "loss": result.losses}))
-    write_json(exp.reports / FINETUNE_SUMMARY, result.summary)  # numbers only: DVC metrics
+    write_json(exp.reports / FINETUNE_SUMMARY, exp.metrics(result.summary))  # numbers and the precision: DVC metrics
     # What about.json repeats of task.json for the report's title and credits: the metric, the model, the data and
     # its attribution; then the family's own descriptions.
     task = exp.task_info()

@@ -218,7 +218,7 @@ def prune(exp: Experiment) -> None:
     write_csv(exp.reports / LAYERS_TABLE, budgeted_layers)
     write_json(exp.reports / BUDGETED_FILE, budgeted)
     write_csv(exp.reports / PRUNE_SECONDS_TABLE, seconds_table(lap.seconds, budgeted_seconds))
-    write_json(exp.reports / PRUNE_SUMMARY, summary)
+    write_json(exp.reports / PRUNE_SUMMARY, exp.metrics(summary))
     prunable = ", ".join(f"{100 * summary[s][PRUNABLE_FRACTION]:.0f}% on {s}" for s in evals)
     log.info("prune: within %s of unpruned, %s of heads can go (importance order)",
              tolerance_text(exp.metric), prunable)

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     exp = Experiment.from_cli(argv)
     table = exp.task.stage("recover").recover(exp)
     if is_main_process():  # under `accelerate launch` every process computes the same table; one writes it
-        write_csv(exp.reports / RECOVERY_TABLE, table)
+        write_csv(exp.reports / RECOVERY_TABLE, exp.stamped(table))
 
 
 if __name__ == "__main__":

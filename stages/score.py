@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
             for site, n_site, r_site in zip(sites, normalised, raw, strict=True)
             for head, (n, r) in enumerate(zip(n_site, r_site, strict=True))]
     table = pd.DataFrame(rows)
-    write_csv(exp.reports / IMPORTANCE_TABLE, table)
+    write_csv(exp.reports / IMPORTANCE_TABLE, exp.stamped(table))
     top = table.nlargest(3, "importance_raw")
     log.info("score: %d heads scored on %d %s examples; most important: %s", len(table),
              sum(len(b["labels"]) for b in batches), p.score.split,

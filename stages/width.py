@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         log.info("width: %s holds the project's method at %.0f%% of the %s removed", exp.width_dir(level),
                  100 * level, exp.params.width.budget)
     write_csv(exp.reports / WIDTH_TABLE, table)
-    write_json(exp.reports / WIDTH_SUMMARY, summary)
+    write_json(exp.reports / WIDTH_SUMMARY, exp.metrics(summary))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     tables, summary = exp.task.stage("zero_shot").zero_shot(exp)
     for name, table in tables.items():
         write_csv(exp.reports / name, table)
-    write_json(exp.reports / ZERO_SHOT_SUMMARY, summary)
+    write_json(exp.reports / ZERO_SHOT_SUMMARY, exp.metrics(summary))
 
 
 if __name__ == "__main__":

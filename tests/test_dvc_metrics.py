@@ -1,6 +1,6 @@
 """`dvc metrics show` is one table people can read and diff (issue 44): every declared metrics file holds a few
-numbers from one small vocabulary of keys (files/schema.py's METRICS_KEYS), and a fresh clone shows them with no
-warning in at most 30 columns."""
+numbers from one small vocabulary of keys (files/schema.py's METRICS_KEYS), with the precision its models ran at
+beside them, and a fresh clone shows them with no warning in at most 30 columns."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from pipeline.files.schema import (
     METRICS_KEYS,
     METRICS_PER_FILE,
     METRICS_UNION,
+    PRECISION_METRIC,
+    PRECISIONS,
     ROUNDED_WIDTHS,
     SEARCHED_WIDTHS,
     TABLE_COLUMNS,
@@ -64,8 +66,11 @@ def committed_metrics() -> list[Path]:
 
 def assert_numbers_only_and_few(name: str, content: Mapping) -> set[str]:
     leaves = dict(flattened(content))
-    bad = {k: v for k, v in leaves.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
-    assert not bad, f"{name}: not numbers (DVC cannot show them): {bad}"
+    # The one string: the precision the stage's models ran at (what runtime.precision: auto resolved to).
+    assert leaves.get(PRECISION_METRIC, "fp32") in PRECISIONS, f"{name}: precision not one of {PRECISIONS}"
+    bad = {k: v for k, v in leaves.items()
+           if k != PRECISION_METRIC and (isinstance(v, bool) or not isinstance(v, (int, float)))}
+    assert not bad, f"{name}: not numbers (a table of them is what dvc metrics diff compares): {bad}"
     assert len(leaves) <= METRICS_PER_FILE, f"{name}: {len(leaves)} numbers, more than {METRICS_PER_FILE}"
     assert set(leaves) <= set(METRICS_KEYS[Path(name).name]), f"{name}: keys outside METRICS_KEYS"
     return set(leaves)
@@ -73,7 +78,7 @@ def assert_numbers_only_and_few(name: str, content: Mapping) -> set[str]:
 
 def test_the_metrics_vocabulary_is_small_enough_for_one_readable_table():
     keys = {key for names in METRICS_KEYS.values() for key in names}
-    assert len(keys) <= METRICS_UNION <= 28
+    assert len(keys) <= METRICS_UNION <= 29  # with the Path column, 30
     assert all(len(names) <= METRICS_PER_FILE for names in METRICS_KEYS.values())
 
 
@@ -82,7 +87,7 @@ def test_every_declared_metrics_file_is_one_of_the_vocabularys_files():
     assert names <= set(METRICS_KEYS)
 
 
-def test_every_committed_metrics_file_holds_a_few_numbers_and_their_union_is_at_most_28_keys():
+def test_every_committed_metrics_file_holds_a_few_numbers_and_their_union_is_at_most_29_keys():
     paths = committed_metrics()
     assert {p.name for p in paths} >= {"finetune.json", "ablate.json", "prune.json", "benchmark.json",
                                        "zero_shot.json"}

@@ -5,6 +5,7 @@ This machine has no GPU, so the CUDA paths are checked by `make gpu-check` on on
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,8 @@ from scipy.stats import spearmanr
 
 from pipeline.config.params import ParamsError, parse_params
 from pipeline.core.importance import head_importance
-from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
-from pipeline.run.experiment import Experiment
+from pipeline.core.runtime import Runtime, RuntimeUnavailable, cpu_bf16_native, resolve_runtime
+from pipeline.run.experiment import Experiment, log_precision
 from tests.tiny_project import STAGES, make_tiny_project, ran_stages, run, tiny_params
 
 # --- resolving and refusing ---------------------------------------------------------------------------------
@@ -33,13 +34,80 @@ def test_auto_is_the_cpu_on_a_machine_without_a_gpu():
 
 @pytest.mark.parametrize(("runtime", "message"), [
     ({"device": "tpu"}, "runtime.device: must be auto, cpu, cuda or cuda:N (got 'tpu')"),
-    ({"precision": "int4"}, "runtime.precision: Input should be 'fp32', 'bf16' or 'fp16' (got 'int4')"),
+    ({"precision": "int4"}, "runtime.precision: Input should be 'auto', 'fp32', 'bf16' or 'fp16' (got 'int4')"),
     ({"devise": "cpu"}, "runtime.devise: unknown key; allowed here: device, precision, placement, max_memory"),
 ])
 def test_bad_runtime_values_are_refused_in_one_line_naming_the_key(runtime, message):
     with pytest.raises(ParamsError) as error:
         parse_params({"runtime": runtime})
     assert str(error.value) == f"invalid params: {message}"
+
+
+# --- precision: auto, by hardware --------------------------------------------------------------------------
+
+# The two caps that make a native-bf16 CPU compute as one without (ATen's kernels, oneDNN's matrix products).
+ISA_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+HAS_NATIVE_BF16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def auto_in_a_fresh_process(env: dict[str, str]) -> str:
+    """What `precision: auto` resolves to on the CPU in a new Python (ATen reads its cap when torch loads)."""
+    code = "from pipeline.core.runtime import resolve_runtime; print(resolve_runtime('cpu', 'auto').precision)"
+    clean = {k: v for k, v in os.environ.items() if k not in ISA_CAPS}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[1])
+    return done.stdout.strip()
+
+
+@pytest.mark.slow  # two fresh interpreters importing torch
+def test_auto_is_fp32_under_the_isa_caps_and_bf16_uncapped_on_a_native_bf16_cpu():
+    assert auto_in_a_fresh_process(ISA_CAPS) == "fp32"
+    assert auto_in_a_fresh_process({}) == ("bf16" if HAS_NATIVE_BF16 else "fp32")
+
+
+@pytest.mark.parametrize(("caps", "native"), [
+    ({}, True),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, False),
+    ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, False),  # AVX-512 without its bf16 dot products: emulated
+    ({"DNNL_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, False),  # oneDNN's older name of the cap
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, True),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, True),
+])
+def test_onednns_cap_decides_whether_bf16_is_native_on_a_cpu_that_has_it(monkeypatch, caps, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    for key in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in caps.items():
+        monkeypatch.setenv(key, value)
+    assert cpu_bf16_native()[0] is native
+    assert resolve_runtime("cpu", "auto").precision == ("bf16" if native else "fp32")
+
+
+def test_auto_is_fp32_on_a_cpu_without_bf16_or_with_aten_capped(monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert cpu_bf16_native() == (False, "this CPU has neither AVX512-BF16 nor AMX")
+    assert resolve_runtime("cpu", "auto") == Runtime(torch.device("cpu"), "fp32")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert cpu_bf16_native() == (False, "ATen runs at AVX2 (ATEN_CPU_CAPABILITY)")
+
+
+def test_an_explicit_precision_is_kept_whatever_the_cpu(monkeypatch):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert resolve_runtime("cpu", "bf16").precision == "bf16"
+    assert resolve_runtime("cpu", "fp32").precision == "fp32"
+
+
+def test_a_stage_says_what_auto_chose_and_warns_of_emulated_bf16(monkeypatch, caplog):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    with caplog.at_level("INFO", logger="pipeline"):
+        log_precision("auto", resolve_runtime("cpu", "auto"))
+        log_precision("bf16", resolve_runtime("cpu", "bf16"))
+    assert "runtime.precision auto: fp32 on cpu (oneDNN is capped at AVX2 (ONEDNN_MAX_CPU_ISA))" in caplog.text
+    assert "runtime.precision: auto would choose fp32 here" in caplog.text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

@@ -1,5 +1,6 @@
 """How much memory each stage of a language-modelling experiment needs at its peak, and how many FLOPs (so hours)
-scoring and pruning take, from the model's config.json and the params alone: nothing is loaded, torch is not imported.
+scoring and pruning take, from the model's config.json and the params alone: nothing is loaded, torch is not imported
+(but to resolve `runtime.precision: auto` on the CPU).
 
 The estimates count the tensors the stages really hold at their peak, as this project runs them (weights fp32, the
 matrix products under `torch.autocast` when runtime.precision is bf16/fp16, pipeline/core/runtime.py):
@@ -24,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from pipeline.files.schema import AUTO_PRECISION
 
 if TYPE_CHECKING:
     from pipeline.tasks.language_modeling.params import LanguageModelingParams
@@ -121,6 +124,19 @@ class StageEstimate:
     @property
     def total(self) -> int:
         return sum(b.total for b in self.blocks)
+
+
+def planned_precision(setting: str, gpu: bool) -> str:
+    """`runtime.precision` as the plan counts it: `auto` is bf16 on the GPUs it plans for (every GPU it prices
+    supports bf16) and, on the CPU, what this CPU would choose (pipeline/core/runtime.py, `auto_precision`)."""
+    if setting != AUTO_PRECISION:
+        return setting
+    if gpu:
+        return "bf16"
+    import torch  # only here: the plan of any other setting stays free of torch's import time
+
+    from pipeline.core.runtime import auto_precision
+    return auto_precision(torch.device("cpu"))[0]
 
 
 def half(precision: str) -> bool:

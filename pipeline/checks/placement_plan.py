@@ -18,7 +18,15 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from pipeline.checks.memory_plan import DecoderShape, GiB, StageEstimate, gib, half, stage_estimates
+from pipeline.checks.memory_plan import (
+    DecoderShape,
+    GiB,
+    StageEstimate,
+    gib,
+    half,
+    planned_precision,
+    stage_estimates,
+)
 from pipeline.files.schema import MEMORY_SIZE_PATTERN, PLACEMENTS
 
 USABLE = 0.9  # of each device's memory the plan counts on: the rest for the CUDA context (or the process's own
@@ -194,8 +202,10 @@ def plan_lines(shape: DecoderShape, params, source: str, devices: list[Device], 
                tflops: float | None = None) -> list[str]:
     """The plan as printed: the model, the devices, one row per stage (peak estimate, what it is made of, the
     lightest placement that fits and on what), what runtime.placement says, and the hours for scoring and pruning."""
+    devices, offload = capped(devices, params.runtime.max_memory)
+    resolved = planned_precision(params.runtime.precision, devices[0].gpu)
+    params = params.model_copy(update={"runtime": params.runtime.model_copy(update={"precision": resolved})})
     rt = params.runtime
-    devices, offload = capped(devices, rt.max_memory)
     kinds = {}
     for d in devices:
         kinds[size_label(d.capacity)] = kinds.get(size_label(d.capacity), 0) + 1

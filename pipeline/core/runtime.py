@@ -5,6 +5,13 @@ forward passes under `torch.autocast`, so weights stay fp32 and only the matrix 
 precision; fp16 training scales its loss (`grad_scaler`) so small gradients do not underflow. Head and neuron
 gates are fp32 leaves (pipeline/core/gates.py), so their gradients, and the importance sums built from them,
 stay fp32 under either half precision.
+
+`precision: auto` is bf16 where the hardware computes it natively and fp32 elsewhere (`auto_precision`). On a CPU,
+bf16 autocast is only fast where oneDNN has bf16 dot products (AVX512-BF16, or AMX): a Linear of SmolLM2's MLP shape
+at one thread took 0.23x fp32's time on an AVX512-BF16 EPYC, and 4.1x under `ONEDNN_MAX_CPU_ISA=AVX2`, where oneDNN
+emulates it (docs/device-and-precision.md). So the choice reads the CPU's flags and the two caps that make a
+native-bf16 CPU compute like one without: ATen's (`ATEN_CPU_CAPABILITY`) and oneDNN's (`ONEDNN_MAX_CPU_ISA`). It is
+made from flags, not from a timing, so the same machine always makes the same choice.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.files.schema import DEVICES, PLACEMENTS, PRECISIONS
+from pipeline.files.schema import AUTO_PRECISION, DEVICES, PLACEMENTS, PRECISION_SETTINGS, PRECISIONS
 
 DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
@@ -87,6 +94,41 @@ def is_main_process() -> bool:
 
 CPU_FP32 = Runtime()  # the library's default: what a test or a notebook gets without asking
 
+# oneDNN's ISA names (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA before it) below its first with bf16 dot products,
+# AVX512_CORE_BF16: capped at one of these, oneDNN emulates bf16 matrix products in fp32 (oneDNN's dnnl_cpu_isa_t).
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def cpu_bf16_native() -> tuple[bool, str]:
+    """Whether this CPU computes bf16 matrix products natively, as torch runs them now, and why in a few words."""
+    if not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        return False, "this CPU has neither AVX512-BF16 nor AMX"
+    aten = torch.backends.cpu.get_cpu_capability()
+    if not aten.startswith("AVX512"):
+        return False, f"ATen runs at {aten} (ATEN_CPU_CAPABILITY)"
+    onednn = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    if onednn in ONEDNN_ISAS_WITHOUT_BF16:
+        return False, f"oneDNN is capped at {onednn} (ONEDNN_MAX_CPU_ISA)"
+    if not torch.backends.mkldnn.is_available():
+        return False, "this torch has no oneDNN"
+    return True, "this CPU computes bf16 natively (AVX512-BF16 or AMX)"
+
+
+def auto_precision(device: torch.device) -> tuple[str, str]:
+    """What `precision: auto` is on `device`, and why: bf16 where it is native (a CUDA GPU that supports it, a CPU
+    with AVX512-BF16 or AMX), fp32 elsewhere. fp16 is never chosen: it needs a loss scale and changes results more."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", f"{torch.cuda.get_device_name(device)} supports bf16"
+        return "fp32", f"{torch.cuda.get_device_name(device)} has no bf16"
+    native, why = cpu_bf16_native()
+    return ("bf16" if native else "fp32"), why
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`precision` on `device`: itself, or what `auto` chooses there."""
+    return auto_precision(device)[0] if precision == AUTO_PRECISION else precision
+
 
 def resolve_runtime(device: str = "auto", precision: str = "fp32", placement: str = "whole",
                     max_memory: dict[str, str] | None = None) -> Runtime:
@@ -94,8 +136,8 @@ def resolve_runtime(device: str = "auto", precision: str = "fp32", placement: st
     why this machine cannot run it."""
     if placement not in PLACEMENTS:
         raise RuntimeUnavailable(f"runtime.placement: {placement!r} is not one of {', '.join(PLACEMENTS)}")
-    if precision not in DTYPES:
-        raise RuntimeUnavailable(f"runtime.precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in PRECISION_SETTINGS:
+        raise RuntimeUnavailable(f"runtime.precision: {precision!r} is not one of {', '.join(PRECISION_SETTINGS)}")
     has_cuda = torch.cuda.is_available()
     if device == "auto":
         # Under `accelerate launch` (or torchrun) each process of a node takes its own GPU, LOCAL_RANK's.
@@ -118,6 +160,7 @@ def resolve_runtime(device: str = "auto", precision: str = "fp32", placement: st
                                          f"{torch.cuda.device_count()} GPU(s): cuda:0 to "
                                          f"cuda:{torch.cuda.device_count() - 1}")
             resolved = torch.device("cuda", index)
+    precision = resolve_precision(precision, resolved)
     if precision == "fp16" and resolved.type == "cpu":
         raise RuntimeUnavailable("runtime.precision: fp16 needs a GPU (CPU autocast is bf16); on the CPU use "
                                  "fp32 or bf16")

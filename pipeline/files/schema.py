@@ -40,6 +40,10 @@ RECOVERY_METHODS = ("lora", "full", "kd-lora", "kd-full")
 RECOVERY_CORPORA = ("train", "general")
 # --- where models run (the `runtime` params; pipeline/core/runtime.py maps them to torch) -------------
 PRECISIONS = ("fp32", "bf16", "fp16")
+# runtime.precision and benchmark.precisions also take "auto": bf16 where the hardware computes it natively (a CUDA
+# GPU that supports it; a CPU with AVX512-BF16 or AMX), fp32 elsewhere (pipeline/core/runtime.py, `auto_precision`).
+AUTO_PRECISION = "auto"
+PRECISION_SETTINGS = (AUTO_PRECISION, *PRECISIONS)
 DEVICES = "auto, cpu, cuda or cuda:N"  # auto: the GPU when there is one
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 # How a model too large for one device runs (runtime.placement): "whole" on runtime.device; "sharded" across the
@@ -208,9 +212,14 @@ BENCHMARK_TIMINGS = frozenset({"examples_per_s", "tokens_per_s", "speedup", "spe
 # --- the DVC metrics: each stage's headline numbers, one small vocabulary for every family ---------------------
 # `dvc metrics show` prints one table whose columns are the union of the flattened keys of every declared metrics
 # file of every pipeline, so the files share these keys, hold numbers only (a key with no value is left out, never
-# None), at most METRICS_PER_FILE each, and the union stays at most METRICS_UNION (tests/test_dvc_metrics.py).
+# None) but for PRECISION_METRIC, at most METRICS_PER_FILE each, and the union stays at most METRICS_UNION, 30
+# columns with the Path (tests/test_dvc_metrics.py).
 # Everything else a stage found goes to a CSV declared as a plot, and descriptions to a JSON declared as an out.
-METRICS_PER_FILE, METRICS_UNION = 20, 28
+METRICS_PER_FILE, METRICS_UNION = 20, 29
+# Every metrics file of a stage that runs a model also holds the precision it ran at on that machine, one of
+# PRECISIONS (what `runtime.precision: auto` resolved to): the one string among the numbers, which `dvc metrics
+# diff` shows beside them. The stages without a metrics file (score, recover, export) write it as a column.
+PRECISION_METRIC = "precision"
 # finetune.json: the metric on each of EVAL_SPLITS, and the training's steps, seconds and last loss (no loss when
 # nothing was trained). What the metric is, and the model and data, are in about.json.
 TRAIN_STEPS, TRAIN_SECONDS, TRAIN_LOSS_LAST = "train_steps", "train_seconds", "train_loss_last"
@@ -237,14 +246,16 @@ PRUNED_METRIC, RECOVERED_METRIC = "pruned", "recovered"
 BEST_PEER = "best_peer"
 # The flattened keys each metrics file may hold (`dvc metrics show`'s columns).
 METRICS_KEYS = {
-    "finetune.json": (*EVAL_SPLITS, TRAIN_STEPS, TRAIN_SECONDS, TRAIN_LOSS_LAST),
-    "ablate.json": (SIGNIFICANT, SIGNIFICANT_IMPROVING, WORST_DELTA, WORST_ONE_HEAD_DELTA, WORST_ONE_GROUP_DELTA),
+    "finetune.json": (*EVAL_SPLITS, TRAIN_STEPS, TRAIN_SECONDS, TRAIN_LOSS_LAST, PRECISION_METRIC),
+    "ablate.json": (SIGNIFICANT, SIGNIFICANT_IMPROVING, WORST_DELTA, WORST_ONE_HEAD_DELTA, WORST_ONE_GROUP_DELTA,
+                    PRECISION_METRIC),
     "prune.json": tuple(f"{split}.{key}" for split in EVAL_SPLITS
-                        for key in (PRUNABLE_FRACTION, METRIC_AT_PRUNABLE, UNPRUNED_METRIC)),
+                        for key in (PRUNABLE_FRACTION, METRIC_AT_PRUNABLE, UNPRUNED_METRIC)) + (PRECISION_METRIC,),
     "benchmark.json": (FRACTION_PRUNED, BATCH_SIZE, SPEEDUP, IDEAL_SPEEDUP,
-                       *(f"{BUDGETED_SUMMARY}.{key}" for key in (BUDGET_REMOVED, SPEEDUP, IDEAL_SPEEDUP))),
-    "zero_shot.json": (UNPRUNED_METRIC, PRUNED_METRIC, RECOVERED_METRIC, FRACTION_PRUNED),
-    "width.json": (UNPRUNED_METRIC, WIDTH_OURS, BEST_PEER),
+                       *(f"{BUDGETED_SUMMARY}.{key}" for key in (BUDGET_REMOVED, SPEEDUP, IDEAL_SPEEDUP)),
+                       PRECISION_METRIC),
+    "zero_shot.json": (UNPRUNED_METRIC, PRUNED_METRIC, RECOVERED_METRIC, FRACTION_PRUNED, PRECISION_METRIC),
+    "width.json": (UNPRUNED_METRIC, WIDTH_OURS, BEST_PEER, PRECISION_METRIC),
 }
 
 # --- what the prune stage writes beside prune.json ----------------------------------------------------------

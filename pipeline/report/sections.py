@@ -21,6 +21,7 @@ from pipeline.files.schema import (
     KIND_LABELS,
     MULTIPLE,
     PAPER,
+    PRECISION_METRIC,
     TASK_DATA,
     TASK_DATA_ATTRIBUTION,
     TASK_MODEL,
@@ -64,6 +65,9 @@ def _setup(doc: Doc, inp: Inputs) -> None:
     for split in EVAL_SPLITS:
         if split in ft:
             items.append(f"Unpruned {split} {inp.metric_name}: {num(float(ft[split]))}")
+    if PRECISION_METRIC in ft:  # as the machine resolved runtime.precision (auto: by its hardware)
+        items.append(f"Precision: {ft[PRECISION_METRIC]} (autocast of the matrix products; weights fp32)"
+                     if ft[PRECISION_METRIC] != "fp32" else "Precision: fp32")
     doc.ul([i for i in items if i])
     if ft.get(TASK_DATA_ATTRIBUTION):
         doc.p(f"Data attribution: {ft[TASK_DATA_ATTRIBUTION]}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import datasets
+import pandas as pd
 import pyarrow
 import torch
 import transformers
@@ -33,13 +34,15 @@ from transformers import AutoTokenizer
 from pipeline.config.params import ExperimentSection, ParamsError, load_params
 from pipeline.config.tasks import family_module
 from pipeline.config.trace import traced
-from pipeline.core.runtime import Runtime, RuntimeUnavailable, resolve_runtime
+from pipeline.core.runtime import Runtime, RuntimeUnavailable, auto_precision, cpu_bf16_native, resolve_runtime
 from pipeline.files.artifacts import MissingArtifact, artifact_excepthook, reading
 from pipeline.files.schema import (
+    AUTO_PRECISION,
     BASE_MODEL_DIR,
     CHECKPOINTS_DIR,
     DATA_DIR,
     FINETUNED_DIR,
+    PRECISION_METRIC,
     PRUNED_DIR,
     RECOVERED_DIR,
     TASK_FILE,
@@ -59,6 +62,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline")
 
 WHEEL_CACHE = Path(".cache") / "wheels"
+
+
+def log_precision(setting: str, runtime: Runtime) -> None:
+    """One line on the precision a stage runs at when it was chosen for this machine, or when the one asked for is
+    slow here (bf16 on a CPU that emulates it): the line a user whose run crawls needs."""
+    if runtime.device.type != "cpu" and setting != AUTO_PRECISION:
+        return
+    native, why = cpu_bf16_native() if runtime.device.type == "cpu" else (True, "")
+    if setting == AUTO_PRECISION:
+        log.info("runtime.precision auto: %s on %s (%s)", runtime.precision, runtime.device_name,
+                 auto_precision(runtime.device)[1])
+    elif runtime.precision == "bf16" and not native:
+        log.warning("runtime.precision bf16 on a CPU without native bf16 (%s): autocast emulates it, several times "
+                    "slower than fp32; runtime.precision: auto would choose fp32 here", why)
 
 
 def _stage_name() -> str:
@@ -93,6 +110,7 @@ class Experiment:
             runtime = resolve_runtime(**params.runtime.model_dump())
         except (ParamsError, RuntimeUnavailable) as error:
             raise SystemExit(f"error: {error}") from None
+        log_precision(params.runtime.precision, runtime)
         return cls(traced(params, _stage_name()), str(path), runtime)
 
     @property
@@ -104,6 +122,15 @@ class Experiment:
             return self.resolved_runtime
         return resolve_runtime(self.params.runtime.device, precision, self.params.runtime.placement,
                                self.params.runtime.max_memory)
+
+    def metrics(self, summary: dict) -> dict:
+        """A stage's metrics file: `summary` and the precision its models ran at on this machine (PRECISION_METRIC,
+        the one string among the numbers), so that `dvc metrics diff` between two machines shows what `auto` chose."""
+        return {**summary, PRECISION_METRIC: self.runtime.precision}
+
+    def stamped(self, table: pd.DataFrame) -> pd.DataFrame:
+        """A table of a stage with no metrics file, with the precision its models ran at as a column."""
+        return table.assign(**{PRECISION_METRIC: self.runtime.precision})
 
     # --- paths -------------------------------------------------------------------------------------
     @property
