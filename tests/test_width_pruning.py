@@ -14,19 +14,26 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from transformers import AutoModelForCausalLM
 
 from pipeline.checks.width_plan import width_problems
 from pipeline.core.checkpoint import save_model
 from pipeline.core.flops import non_embedding_parameters
+from pipeline.core.gguf import convert_gguf
 from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.files.schema import BIAS_COMPENSATION, WIDTH_OURS, WIDTH_OWN_COMPENSATION
 from pipeline.methods.budgeted import pruned_model
 from pipeline.methods.budgeted_search import BudgetError, Selection
 from pipeline.methods.width import criteria
 from pipeline.methods.width.allocation import THRESHOLD, UNIFORM, allocate, unit_costs
-from pipeline.methods.width.compensation import add_bias_compensation, least_squares, refit
+from pipeline.methods.width.compensation import add_bias_compensation, least_squares, refit, unsaid_biases
 from pipeline.methods.width.methods import WIDTH_METHODS
 from pipeline.methods.width.statistics import gather_statistics
-from tests.tiny_models import VOCAB, tiny_model
+from pipeline.methods.width.sweep import WidthSweep
+from pipeline.tasks.language_modeling.llama import collate_texts
+from pipeline.tasks.language_modeling.perplexity import LanguageModelEval
+from tests.tiny_gguf import EOS, tiny_decoder, write_tiny_gguf
+from tests.tiny_models import LM_FAMILIES, VOCAB, tiny_model
 
 LENGTH = 12
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +141,76 @@ def test_flap_bias_restores_the_mean_output_of_the_pruned_projection(dense, stat
     assert biased_gap < 1e-3 * (zeroed.mean(0) - dense_mean.mean(0)).abs().max()
 
 
+def mean_output(layer: torch.nn.Module, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """`[out_features]`: what `layer` gives on `batch`, averaged over the tokens."""
+    seen = []
+    handle = layer.register_forward_hook(lambda _m, _args, out: seen.append(out.detach().reshape(-1, out.shape[-1])))
+    with torch.no_grad():
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    handle.remove()
+    return seen[0].double().mean(0)
+
+
+def first_layer_cut(model: torch.nn.Module, part: str) -> tuple[Selection, torch.nn.Module]:
+    """A selection that prunes only layer 0's attention (a head of every key/value group) or only its MLP, and the
+    output projection it cuts, whose input is then still the unpruned model's."""
+    site, ffn = attention_sites(model)[0], ffn_sites(model)[0]
+    if part == "mlp":
+        return mlp_only_selection(model, 0, list(range(0, ffn.num_neurons, 3))), ffn.fc_out
+    group = site.original_group_size
+    gone = range(0, site.num_heads, group) if group > 1 else [0, 2]
+    heads = [[h for h in range(s.num_heads) if not (s.layer == 0 and h in gone)] for s in attention_sites(model)]
+    return Selection(heads, mlp_only_selection(model, 0, []).neurons), site.out_proj
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_flaps_bias_restores_the_mean_output_in_memory_in_every_family_and_says_so_only_where_its_config_can(
+        family, calibration):
+    dense = tiny_model(family)
+    stats = gather_statistics(dense, [calibration], progress=False)
+    names = {module: name for name, module in dense.named_modules()}
+    for part in ("attention", "mlp"):
+        selection, projection = first_layer_cut(dense, part)
+        pruned = pruned_model(dense, selection)
+        biased = copy.deepcopy(pruned)
+        add_bias_compensation(biased, dense, stats)
+        target, with_bias, without = (mean_output(m.get_submodule(names[projection]), m, calibration)
+                                      for m in (dense, biased, pruned))
+        assert (with_bias - target).abs().max() < 1e-3 * (without - target).abs().max()
+    # Llama's config says it, so a folder keeps it; GPT-2's and OPT's output projections have biases of their own;
+    # any other family's folder would lose every output projection's bias the sweep added.
+    assert getattr(biased.config, "mlp_bias", False) == (family == "llama")
+    outputs = [f"{names[p]}.bias" for s, f in zip(attention_sites(dense), ffn_sites(dense), strict=True)
+               for p in (s.out_proj, f.fc_out)]
+    assert unsaid_biases(biased) == ([] if family in ("llama", "gpt2", "opt") else outputs)
+    assert unsaid_biases(dense) == []
+
+
+def test_flap_with_its_bias_runs_in_the_sweep_on_a_tiny_gemma3_gguf_and_the_bias_changes_the_model(tmp_path):
+    # Gemma 3 270M's shape in small (every layer's query heads on one key/value head), read from a GGUF file as
+    # prepare reads it; its config cannot say that o_proj and down_proj have a bias, which the sweep's models hold.
+    source = tiny_decoder("gemma3_text", kv_heads=1)
+    folder = convert_gguf(write_tiny_gguf(tmp_path / "gemma.gguf", source), tmp_path / "converted")
+    dense = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().requires_grad_(False)
+    ids = torch.randint(3, dense.config.vocab_size, (24, LENGTH), generator=torch.Generator().manual_seed(3))
+    calibration, held_out = collate_texts(ids[:16].tolist(), EOS), LanguageModelEval(ids[16:].tolist(), EOS, 8)
+    sweep = WidthSweep(dense, gather_statistics(dense, [calibration], progress=False), calibration,
+                       unit_costs(dense, "parameters", "query"), {"test": lambda model: held_out(model)[0]}, "query")
+    table = sweep.run([("flap", "bias", None), ("flap", "none", None)], [0.2], progress=False)
+    perplexity = table[table["level"] == 0.2].set_index("compensation")["perplexity"]
+    # A random model's next-token guesses are near uniform, so the bias moves its perplexity by 0.06%: far more than
+    # float32 rounding does.
+    assert perplexity["bias"] != pytest.approx(perplexity["none"], rel=1e-5)
+    biased = sweep.model("flap", 0.2, "bias")
+    cut = [(p.out_proj.bias, p.num_heads < d.num_heads)
+           for p, d in zip(attention_sites(biased), attention_sites(dense), strict=True)]
+    cut += [(p.fc_out.bias, p.num_neurons < d.num_neurons)
+            for p, d in zip(ffn_sites(biased), ffn_sites(dense), strict=True)]
+    assert any(lost for _, lost in cut)
+    assert all(bool(bias.abs().max() > 0) == lost for bias, lost in cut)  # a projection that lost nothing gets 0
+    assert not biased.config.attention_bias and len(unsaid_biases(biased)) == len(cut)  # no folder could hold it
+
+
 def test_the_least_squares_of_an_unchanged_input_give_back_the_weights():
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(200, 16, generator=g), torch.randn(8, 16, generator=g)
@@ -230,14 +307,20 @@ def lm_params(**width: object):
     return params.model_copy(update={"width": params.width.model_copy(update=width)})
 
 
-QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "intermediate_size": 128}
+GEMMA3 = {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 128}
 
 
-def test_a_bias_the_family_cannot_save_is_refused_before_anything_runs():
-    problems = width_problems(lm_params(compensations=["none", "bias"], methods=["wanda-sp"]), QWEN2, "qwen2")
-    assert len(problems) == 1 and "qwen2 configs cannot say" in problems[0]
-    assert width_problems(lm_params(compensations=["none"], methods=["wanda-sp", "ours"]), QWEN2, "qwen2") == []
+def test_flaps_bias_in_the_sweep_passes_the_checks_for_any_family_and_only_a_saved_one_is_refused(monkeypatch):
+    sweep = lm_params(methods=["flap", "wanda-sp", "ours"], compensations=["none", "bias"], save_levels=[0.2])
+    assert width_problems(sweep, GEMMA3, "gemma3_text") == []
+    # The stage saves ours with its own compensation: were that FLAP's bias, a Gemma 3 folder could not carry it.
+    monkeypatch.setitem(WIDTH_OWN_COMPENSATION, WIDTH_OURS, BIAS_COMPENSATION)
+    assert width_problems(sweep, GEMMA3, "gemma3_text") == [
+        "width.save_levels: the saved models (ours) carry FLAP's bias in o_proj and down_proj, which gemma3_text "
+        "configs cannot say (only llama), so their folders would load without it; set width.save_levels: []"]
+    assert width_problems(lm_params(save_levels=[]), GEMMA3, "gemma3_text") == []
+    assert width_problems(sweep, {**GEMMA3, "model_type": "llama"}, "llama") == []
 
 
 def test_a_level_the_shape_cannot_reach_is_refused_by_the_checks_in_one_line(tmp_path):

@@ -1,13 +1,15 @@
 """The width stage's params against the model's shape, before anything loads (`python -m pipeline.checks`): a level
-that a method cannot reach, and a compensation the model's family cannot save, each in one line.
+that a method cannot reach, and a compensation the model's family cannot run or save, each in one line.
 
 - A level: every method removes the attention and MLP weights of the layers it prunes and nothing else (the norms
   stay, and LLM-Pruner leaves its first and last layers alone), so a share of the parameters or of the KV-cache
   bytes above what those layers hold is out of reach. A FLOPs budget's fixed part (the embeddings' and the head's
   FLOPs) needs a forward pass to count, so the stage itself refuses an unreachable one.
-- A compensation: FLAP's bias lives in o_proj and down_proj, which only some configs can switch on
-  (pipeline/methods/width/compensation.py, `BIAS_CONFIG_KEYS`); the refit needs an MLP block of its own to run
-  (OPT's FFN linears sit in the decoder layer).
+- A compensation: FLAP's bias lives in o_proj and down_proj, which any family's modules hold in memory, where the
+  sweep evaluates every model, but only some configs can switch on (pipeline/methods/width/compensation.py,
+  `BIAS_CONFIG_KEYS`); so a bias is refused only where the stage would save it, in the models of
+  `width.save_levels` (ours, with its own compensation) into any other family. The refit needs an MLP block of its
+  own to run (OPT's FFN linears sit in the decoder layer).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pipeline.files.schema import (
     BIAS_CONFIG_KEYS,
     NO_MLP_BLOCK,
     REFIT_COMPENSATION,
+    WIDTH_OURS,
     WIDTH_OWN_COMPENSATION,
     WIDTH_SKIPPED_LAYERS,
 )
@@ -35,16 +38,17 @@ def _pruned_layers(method: str, layers: int) -> int:
 def width_problems(params: LanguageModelingParams, config: dict, model_type: str | None) -> list[str]:
     """One line per unreachable level and per unsavable compensation of `params.width`, for a model of `config`."""
     w = params.width
-    if not w.methods:
+    if not w.methods and not w.save_levels:
         return []
     problems = []
     own = {WIDTH_OWN_COMPENSATION.get(method) for method in w.methods}
-    uses_bias = BIAS_COMPENSATION in (*w.compensations, *own)
-    if uses_bias and model_type is not None and model_type not in BIAS_CONFIG_KEYS:
-        problems.append(f"width: FLAP's bias compensation (width.compensations, and flap's own) needs o_proj and "
-                        f"down_proj to have a bias, which {model_type} configs cannot say (only "
-                        f"{', '.join(BIAS_CONFIG_KEYS)}); remove bias from width.compensations and flap from "
-                        f"width.methods")
+    # The stage saves ours at width.save_levels with its own compensation (pipeline/tasks/language_modeling/width.py);
+    # the sweep's other models, flap's with its bias among them, live in memory only.
+    saved = WIDTH_OWN_COMPENSATION[WIDTH_OURS] if w.save_levels else None
+    if saved == BIAS_COMPENSATION and model_type is not None and model_type not in BIAS_CONFIG_KEYS:
+        problems.append(f"width.save_levels: the saved models ({WIDTH_OURS}) carry FLAP's bias in o_proj and "
+                        f"down_proj, which {model_type} configs cannot say (only {', '.join(BIAS_CONFIG_KEYS)}), so "
+                        f"their folders would load without it; set width.save_levels: []")
     uses_refit = REFIT_COMPENSATION in (*w.compensations, *own)
     if uses_refit and model_type in NO_MLP_BLOCK:
         problems.append(f"width: the refit (width.compensations, and ours) runs each MLP block on its own, which "

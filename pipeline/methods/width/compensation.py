@@ -2,8 +2,11 @@
 
 - `bias` (FLAP's, CASIA-IVA-Lab/FLAP lib/prune.py `compress`): what the removed channels fed an output projection on
   average, W[:, removed] @ mean(X[:, removed]) over the calibration tokens, becomes that projection's bias, so the
-  layer's mean output is what it was. A Llama folder carries it with `attention_bias` / `mlp_bias` in its config,
-  every other bias those switch on zero (`BIAS_CONFIG_KEYS`: the families whose configs can say so).
+  layer's mean output is what it was. In memory, where the width sweep evaluates it, any family's output
+  projections hold it. A saved folder carries it only where the family's config can say so (`BIAS_CONFIG_KEYS`):
+  a Llama folder with `attention_bias` / `mlp_bias` in its config, every other bias those switch on zero. Any other
+  family's folder would load without it, so `unsaid_biases` names what would be lost, for the width stage to refuse
+  before it saves.
 - `refit`: least squares. Layer by layer, in one forward pass of the pruned model over the calibration windows, each
   output projection's kept columns are refitted, just before it runs, so that on the pruned model's own input the
   block gives what the unpruned block gives on that same input: ridge regression towards the current weights W0,
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.sites import attention_sites, ffn_sites, out_features
 from pipeline.files.schema import BIAS_CONFIG_KEYS, COMPENSATIONS, NO_MLP_BLOCK
 from pipeline.methods.width.statistics import CalibrationStatistics
 
@@ -28,9 +31,9 @@ NONE, BIAS, REFIT = COMPENSATIONS
 Batch = Mapping[str, torch.Tensor]
 
 
-def _set_bias(layer: nn.Linear, value: torch.Tensor | None = None) -> None:
-    """Give `layer` a bias (zero unless `value`)."""
-    bias = torch.zeros(layer.out_features, dtype=layer.weight.dtype, device=layer.weight.device)
+def _set_bias(layer: nn.Module, value: torch.Tensor | None = None) -> None:
+    """Give `layer` (an nn.Linear or GPT-2's Conv1D) a bias (zero unless `value`), added to any it has."""
+    bias = torch.zeros(out_features(layer), dtype=layer.weight.dtype, device=layer.weight.device)
     if layer.bias is not None:
         bias = layer.bias.detach().clone()
     if value is not None:
@@ -38,26 +41,39 @@ def _set_bias(layer: nn.Linear, value: torch.Tensor | None = None) -> None:
     layer.bias = nn.Parameter(bias, requires_grad=layer.weight.requires_grad)
 
 
+def _out_in(layer: nn.Module) -> torch.Tensor:
+    """A linear's weight as `[out, in]`: GPT-2's Conv1D stores it transposed."""
+    return layer.weight if isinstance(layer, nn.Linear) else layer.weight.T
+
+
 def add_bias_compensation(pruned: nn.Module, dense: nn.Module, stats: CalibrationStatistics) -> None:
-    """FLAP's bias, from the unpruned model `dense`'s weights and channel means, into `pruned` (in place)."""
-    model_type = pruned.config.model_type
-    if model_type not in BIAS_CONFIG_KEYS:
-        raise ValueError(f"{model_type} configs cannot say that o_proj and down_proj have a bias; bias compensation "
-                         f"is saved for {', '.join(BIAS_CONFIG_KEYS)} only (use refit)")
+    """FLAP's bias, from the unpruned model `dense`'s weights and channel means, into `pruned` (in place), whatever
+    its family; its config says so only where it can (`BIAS_CONFIG_KEYS`), so a folder of any other family would
+    lose it (`unsaid_biases`)."""
+    keys = BIAS_CONFIG_KEYS.get(pruned.config.model_type, ())
     pairs = [(d.out_proj, p.out_proj, p.kept_heads, p.head_dim, s, (*p.projections,))
              for d, p, s in zip(attention_sites(dense), attention_sites(pruned), stats.attention, strict=True)]
     pairs += [(d.fc_out, p.fc_out, p.kept_neurons, 1, s, p.inputs)
               for d, p, s in zip(ffn_sites(dense), ffn_sites(pruned), stats.mlp, strict=True)]
     for dense_out, pruned_out, kept, width, s, inputs in pairs:
-        removed = torch.ones(dense_out.in_features, dtype=torch.bool)
+        weight = _out_in(dense_out).detach().double().cpu()
+        removed = torch.ones(weight.shape[1], dtype=torch.bool)
         for unit in kept:
             removed[unit * width:(unit + 1) * width] = False
-        weight = dense_out.weight.detach().double().cpu()
         _set_bias(pruned_out, weight[:, removed] @ s.mean[removed])
-        for lin in inputs:
-            _set_bias(lin)
-    for key in BIAS_CONFIG_KEYS[model_type]:
+        if keys:  # the config keys switch these biases on too, so a saved folder must hold them (zero)
+            for lin in inputs:
+                _set_bias(lin)
+    for key in keys:
         setattr(pruned.config, key, True)
+
+
+def unsaid_biases(model: nn.Module) -> list[str]:
+    """The biases of `model` that its family's class, built from its config, does not have: what a saved folder
+    would lose on load (FLAP's bias in a family whose config cannot say it)."""
+    with torch.device("meta"):  # the parameter names only: nothing allocated
+        said = type(model)(model.config).state_dict().keys()
+    return [name for name in model.state_dict() if name.endswith(".bias") and name not in said]
 
 
 def _mlp_block(model: nn.Module, fc_out: nn.Module) -> nn.Module:

@@ -183,8 +183,8 @@ class WidthParams(Section):
     # The peers' reimplementations, the paper's importance, and the project's own ("ours"); an empty list skips
     # the stage's sweep.
     methods: list[Literal[WIDTH_METHODS]] = Field(default_factory=lambda: list(WIDTH_METHODS))
-    # Each method is run with its own compensation and with each of these: none, FLAP's bias (Llama configs only),
-    # the least-squares refit.
+    # Each method is run with its own compensation and with each of these: none, FLAP's bias (any family: the sweep
+    # evaluates its models in memory and saves none of them), the least-squares refit.
     compensations: list[Literal[COMPENSATIONS]] = Field(default_factory=lambda: list(COMPENSATIONS))
     budget: Literal[WIDTH_BUDGETS] = "parameters"  # each level is a share of the non-embedding parameters, ...
     levels: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.3, 0.4, 0.5], min_length=1)

@@ -7,7 +7,7 @@
   its calibration corpus shows.
 - Saved: the project's method at each of `width.save_levels`, allocated uniformly (every layer one shape: a stock
   folder that plain `from_pretrained` loads) and compensated by the refit, for the recover, zero_shot and benchmark
-  stages.
+  stages; each refused before it is saved if it holds a bias its config cannot say (which the folder would lose).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from pipeline.data.assets import MUELLER_REPORT, fetch_asset
 from pipeline.files.schema import (
     BEST_PEER,
+    BIAS_CONFIG_KEYS,
     DEFAULT,
     PAPER_IMPORTANCE,
     TABLE_COLUMNS,
@@ -33,7 +34,7 @@ from pipeline.files.schema import (
 )
 from pipeline.methods.budgeted_search import BudgetError
 from pipeline.methods.width.allocation import UNIFORM, unit_costs
-from pipeline.methods.width.compensation import refit
+from pipeline.methods.width.compensation import refit, unsaid_biases
 from pipeline.methods.width.methods import WIDTH_METHODS, own_compensation
 from pipeline.methods.width.statistics import gather_statistics
 from pipeline.methods.width.sweep import WidthSweep
@@ -151,6 +152,13 @@ def width(exp: Experiment) -> tuple[pd.DataFrame, dict, dict[float, torch.nn.Mod
         saved = {}
         for level in w.save_levels:
             saved[level] = sweep.model(WIDTH_OURS, level, own_compensation(WIDTH_OURS), UNIFORM)
+            # The last guard behind the checks' (pipeline/checks/width_plan.py): a folder would load without these.
+            lost = unsaid_biases(saved[level])
+            if lost:
+                raise SystemExit(f"error: width.save_levels: {WIDTH_OURS} at {level:.0%} holds {len(lost)} biases "
+                                 f"({lost[0]}, ...) that {dense.config.model_type} configs cannot say, so its "
+                                 f"folder would load without them (FLAP's bias is saved for "
+                                 f"{', '.join(BIAS_CONFIG_KEYS)} only); set width.save_levels: []")
             if uniform:
                 table = pd.concat([table, sweep.rows_of(saved[level], uniform[0], level)], ignore_index=True)
     except BudgetError as error:  # a FLOPs budget's fixed part is counted here, not in the checks
