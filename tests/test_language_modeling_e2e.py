@@ -154,7 +154,7 @@ def test_every_width_method_is_compared_at_equal_parameters_on_both_corpora_and_
     unbiased = pruned["compensation"] != "bias"
     assert (pruned[unbiased]["params_removed"] >= 0.25).all() and (pruned["params_removed"] >= 0.2).all()
     assert set(pruned[pruned["method"] == "flap"]["compensation"]) == {"bias", "none", "refit"}
-    assert set(json.loads((reports / "width.json").read_text())) == {"unpruned", "ours", "best_peer"}
+    assert set(json.loads((reports / "width.json").read_text())) == {"unpruned", "ours", "best_peer", "precision"}
     record = json.loads((repo / "artifacts" / "tiny-lm" / "width" / "width-25" / "head_pruning.json").read_text())
     assert record["stock"]
     assert "25% of parameters (width)" in set(pd.read_csv(reports / "recovery.csv")["model"])

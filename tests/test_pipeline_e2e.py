@@ -43,11 +43,11 @@ def test_every_stage_declares_the_params_it_reads(repo, trace_dir):
 def test_repro_writes_every_table_figure_and_report(repo):
     reports = repo / "reports" / "tiny"
     expected_columns = {
-        "importance.csv": ["kind", "layer", "head", "importance"],
+        "importance.csv": ["kind", "layer", "head", "importance", "precision"],  # the stage has no metrics file
         "ablation.csv": ["kind", "layer", "head", "metric", "delta", "p_value"],
         "one_head.csv": ["kind", "layer", "best_head", "metric", "delta"],
         "pruning_curve.csv": ["method", "split", "fraction_pruned", "heads_pruned", "metric"],
-        "recovery.csv": ["fraction_pruned", "metric_before", "metric_after"],
+        "recovery.csv": ["fraction_pruned", "metric_before", "metric_after", "precision"],
         "benchmark.csv": ["fraction_pruned", "batch_size", "attn_implementation", "examples_per_s", "speedup",
                           "speedup_q1", "speedup_q3", "speedup_min", "speedup_max", "ideal_speedup", "floor_share",
                           "amdahl_speedup", "params", "device", "precision"],
@@ -62,6 +62,8 @@ def test_repro_writes_every_table_figure_and_report(repo):
         table = pd.read_csv(reports / name)
         assert set(columns) <= set(table.columns), name
         assert len(table) > 0
+    for name in ("finetune.json", "ablate.json", "prune.json", "benchmark.json"):  # what the runtime ran at
+        assert json.loads((reports / name).read_text())["precision"] == "fp32", name
     curve = pd.read_csv(reports / "pruning_curve.csv")
     assert set(curve.method) == {"importance", "reestimated", "random"} and set(curve.split) == {"dev", "test"}
     assert sorted(curve.fraction_pruned.unique()) == [0.0, 0.25, 0.5, 0.75]
