@@ -203,7 +203,8 @@ def plan_lines(shape: DecoderShape, params, source: str, devices: list[Device], 
     """The plan as printed: the model, the devices, one row per stage (peak estimate, what it is made of, the
     lightest placement that fits and on what), what runtime.placement says, and the hours for scoring and pruning."""
     devices, offload = capped(devices, params.runtime.max_memory)
-    resolved = planned_precision(params.runtime.precision, devices[0].gpu)
+    setting = params.runtime.precision
+    resolved = planned_precision(setting, devices[0].gpu)
     params = params.model_copy(update={"runtime": params.runtime.model_copy(update={"precision": resolved})})
     rt = params.runtime
     kinds = {}
@@ -218,7 +219,8 @@ def plan_lines(shape: DecoderShape, params, source: str, devices: list[Device], 
              f"  devices: {', '.join(f'{n} x {size} {what}' for size, n in kinds.items())}"
              f"{' (runtime.max_memory caps applied)' if rt.max_memory else ''}; the plan counts on {USABLE:.0%} "
              f"of each",
-             f"  precision: {rt.precision}{' autocast over fp32 weights' if half(rt.precision) else ''}"]
+             f"  precision: {rt.precision}{' autocast over fp32 weights' if half(rt.precision) else ''}"
+             f"{f' (runtime.precision: {setting}, on these devices)' if setting != rt.precision else ''}"]
     estimates = stage_estimates(shape, params)
     fits = [choose(e, devices, offload) for e in estimates]
     rows = [("stage", "peak", "made of", "mode", "devices")]
