@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MT_COLUMNS = {
     "ablation.csv": ["kind", "layer", "head", "metric", "delta", "p_value", "examples"],
     "one_head.csv": ["kind", "layer", "best_head", "metric", "delta"],
-    "importance.csv": ["kind", "layer", "head", "importance", "importance_raw"],
+    "importance.csv": ["kind", "layer", "head", "importance", "importance_raw", "precision"],
     "pruning_curve.csv": ["method", "split", "fraction_pruned", "heads_pruned", "metric", "fraction_flops_removed",
                           "examples", "metric_std"],
     "benchmark.csv": ["attn_implementation", "batch_size", "fraction_pruned", "examples_per_s", "tokens_per_s",
