@@ -62,7 +62,8 @@ def pipeline_status(pipeline: str, root: Path = ROOT) -> dict[str, list]:
     done = subprocess.run([sys.executable, "-m", "dvc", "status", "--json", pipeline], cwd=root,
                           capture_output=True, text=True, env={**os.environ, **DVC_ENV})
     if done.returncode != 0:
-        raise SystemExit(f"error: dvc status {pipeline}: {done.stderr.strip().splitlines()[-1:]}")
+        said = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+        raise SystemExit(f"error: dvc status {pipeline}: {said[-1]}")
     return json.loads(done.stdout or "{}")
 
 
