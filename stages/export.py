@@ -1,7 +1,12 @@
 """Stage export (language models): every saved model that one GGUF file can hold (a uniform folder of a family
-llama.cpp runs) written as GGUF in each of `export.types` (pipeline/export/gguf.py), and read back by transformers'
-own GGUF loader, so the table shows each file's size beside the folder's safetensors and its test perplexity beside
-the folder's, on the same windows (gguf.csv). A folder GGUF cannot express is listed with the reason, not exported.
+llama.cpp runs) written as GGUF in each of `export.types` (pipeline/export/gguf.py) and, from the F16 file, in each of
+`export.quantized` by llama.cpp's own llama-quantize. Each file is read back twice:
+- by transformers' own GGUF loader, on the test windows the folder is scored on (gguf.csv: size beside the folder's
+  safetensors, perplexity beside the folder's);
+- by llama.cpp itself, where it is built (`make llama-cpp`; llama_cpp.csv): llama-tokenize's ids of the test text
+  beside the folder tokenizer's, and llama-perplexity's estimate beside the pipeline's own on those same tokens, by
+  llama-perplexity's protocol (pipeline/export/llama_cpp.py). Where llama.cpp is not built, the table says so.
+A folder GGUF cannot express is listed with the reason, not exported.
 """
 
 from __future__ import annotations
@@ -11,14 +16,56 @@ from pipeline.run.preflight import preflight
 if __name__ == "__main__":  # the params in a second or two, before the imports below load torch
     preflight("export")
 
+from pathlib import Path
+
 import pandas as pd
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from pipeline.export import llama_cpp
 from pipeline.export.gguf import ExportError, export_gguf
 from pipeline.files.atomic import write_csv
 from pipeline.files.schema import GGUF_DIR, GGUF_TABLE, TABLE_COLUMNS, UNPRUNED_MODEL
 from pipeline.run.experiment import Experiment, log
+from pipeline.tasks.language_modeling.llama_cpp_table import LLAMA_CPP_COLUMNS, LLAMA_CPP_TABLE
+
+
+class LlamaCppCheck:
+    """llama.cpp's reading of each file beside the pipeline's, on one text: the test split's windows, decoded."""
+
+    def __init__(self, exp: Experiment, tools: llama_cpp.Tools | str, out: Path):
+        e = exp.params.export
+        self.tools, self.windows, self.tokens = tools, e.llama_cpp_windows, e.llama_cpp_window_tokens
+        self.tokenizer = AutoTokenizer.from_pretrained(exp.finetuned_dir)
+        test = exp.split("test")["input_ids"][:]
+        # Without special tokens: llama-tokenize and llama-perplexity read a file's "<|im_end|>" as text.
+        text = self.tokenizer.decode([i for ids in test for i in ids], skip_special_tokens=True)
+        self.text_file = out / "llama_cpp_test.txt"
+        self.ids = self.tokenizer.encode(llama_cpp.write_text(self.text_file, text), add_special_tokens=False)
+        self.bos = self.tokenizer.bos_token_id if getattr(self.tokenizer, "add_bos_token", False) else None
+        self.threads = torch.get_num_threads()
+
+    def pipeline_perplexity(self, folder: Path) -> float:
+        """The folder's llama-perplexity estimate computed by transformers in float32: llama.cpp's F16 and Q8_0
+        files compute in float32 from their stored weights, so this is the figure they should give."""
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        return llama_cpp.windows_perplexity(model, self.ids, self.tokens, self.windows, self.bos)
+
+    def row(self, label: str, out_type: str, dest: Path, reference: float) -> dict:
+        row = dict(model=label, type=out_type, gguf_mib=dest.stat().st_size / 2**20, perplexity_pipeline=reference)
+        if isinstance(self.tools, str):
+            return {**row, "not_measured_because": self.tools}
+        try:
+            ids = self.tools.tokenize(dest, self.text_file)
+            same = llama_cpp.first_difference(ids, self.ids)
+            ppl = self.tools.perplexity(dest, self.text_file, self.tokens, self.windows, self.threads)
+        except llama_cpp.LlamaCppError as error:
+            log.warning("export: llama.cpp on %s: %s", dest.name, error)
+            return {**row, "not_measured_because": str(error)}
+        log.info("export: %s as %s in llama.cpp: perplexity %.3f (pipeline %.3f), tokens %s", label, out_type, ppl,
+                 reference, "equal" if same is None else f"differ from token {same}")
+        return {**row, "tokens": len(ids), "tokens_equal": same is None, "first_differing_token": same,
+                "perplexity_llama_cpp": ppl, "not_measured_because": ""}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,21 +74,36 @@ def main(argv: list[str] | None = None) -> None:
     test = exp.task.evaluation("test", e.max_examples)
     out = exp.artifacts / GGUF_DIR
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    tools = llama_cpp.find_tools()
+    if isinstance(tools, str):
+        log.warning("export: %s", tools)
+    check = LlamaCppCheck(exp, tools, out)
+    rows, served = [], []
     for label, folder in exp.task.saved_models().items():
         if label == UNPRUNED_MODEL and not e.unpruned:
             continue
         safetensors = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
         folder_ppl = test(exp.load(folder))[0]
+        reference = check.pipeline_perplexity(folder)
+        files: list[tuple[str, Path]] = []
         for out_type in e.types:
             dest = out / f"{folder.name}.{out_type}.gguf"
             try:
-                export_gguf(folder, dest, out_type)
+                files.append((out_type, export_gguf(folder, dest, out_type)))
             except ExportError as error:
                 log.warning("export: %s", error)
                 rows.append(dict(model=label, type=out_type, safetensors_mib=safetensors / 2**20, gguf_mib=None,
                                  perplexity_folder=folder_ppl, perplexity_gguf=None, not_exported_because=str(error)))
                 break
+        f16 = dict(files).get("f16")
+        for out_type in e.quantized if f16 is not None else []:
+            if isinstance(tools, str):
+                rows.append(dict(model=label, type=out_type, safetensors_mib=safetensors / 2**20, gguf_mib=None,
+                                 perplexity_folder=folder_ppl, perplexity_gguf=None, not_exported_because=tools))
+                continue
+            dest = out / f"{folder.name}.{out_type}.gguf"
+            files.append((out_type, tools.quantize(f16, dest, out_type.upper(), check.threads)))
+        for out_type, dest in files:
             model = AutoModelForCausalLM.from_pretrained(out, gguf_file=dest.name, dtype=torch.float32)
             model = model.to(exp.runtime.device).eval()  # evaluated as the folder is, at the runtime's precision
             rows.append(dict(model=label, type=out_type, safetensors_mib=safetensors / 2**20,
@@ -50,7 +112,9 @@ def main(argv: list[str] | None = None) -> None:
             log.info("export: %s as %s: %.1f MiB (safetensors %.1f), test perplexity %.3f (folder %.3f)", label,
                      out_type, rows[-1]["gguf_mib"], rows[-1]["safetensors_mib"], rows[-1]["perplexity_gguf"],
                      folder_ppl)
+            served.append(check.row(label, out_type, dest, reference))
     write_csv(exp.reports / GGUF_TABLE, exp.stamped(pd.DataFrame(rows, columns=TABLE_COLUMNS[GGUF_TABLE])))
+    write_csv(exp.reports / LLAMA_CPP_TABLE, pd.DataFrame(served, columns=LLAMA_CPP_COLUMNS))
 
 
 if __name__ == "__main__":

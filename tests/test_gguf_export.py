@@ -19,11 +19,19 @@ import pytest
 import torch
 
 from pipeline.core.checkpoint import save_model
-from pipeline.core.sites import attention_sites, ffn_sites
-from pipeline.core.surgery import prune_heads, prune_neurons
+from pipeline.core.surgery import prune_heads
 from pipeline.export.gguf import ExportError, export_gguf
 from pipeline.files.schema import PRUNING_FILE
-from tests.tiny_gguf import BOS, EOS, tiny_decoder, tiny_gemma_tokenizer, tiny_tokenizer, vocabulary
+from tests.tiny_gguf import (
+    BOS,
+    EOS,
+    prune_uniformly,
+    tiny_decoder,
+    tiny_gemma_tokenizer,
+    tiny_llama_for_q8,
+    tiny_tokenizer,
+    vocabulary,
+)
 from tests.tiny_project import ROOT
 
 TEXTS = ["the cat sat on the mat", "  Hello, World! 2024 is 1 year.", "<|im_start|>user\nhi<|im_end|>", ""]
@@ -33,32 +41,6 @@ IDS = [[BOS, 86, 260, 270, 267, 266, 20, 18, 20, 22, EOS, 7, 100]]
 def random_batch(seed: int = 0, rows: int = 4, length: int = 48) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, len(vocabulary()), (rows, length), generator=generator).tolist()
-
-
-def tiny_llama_for_q8():
-    """A Llama whose matrices' rows stay multiples of Q8_0's 32-value blocks once pruned: hidden 96, 8 query heads of
-    16 in 2 key/value groups (6 left still divide the hidden size, as LlamaConfig requires), 160 FFN neurons."""
-    import transformers
-
-    config = transformers.LlamaConfig(
-        vocab_size=len(vocabulary()), hidden_size=96, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5,
-        tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
-    with torch.no_grad():  # weights of a trained model's scale, so that the logits are no flat noise
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0, 0.2)
-    return model
-
-
-def prune_uniformly(model, heads_per_group: list[int], neurons: int):
-    """Every layer alike: the given query heads (original indices, the same number from each group) and the first
-    `neurons` FFN neurons removed."""
-    prune_heads(model, {i: heads_per_group for i in range(len(attention_sites(model)))})
-    prune_neurons(model, {i: list(range(neurons)) for i in range(len(ffn_sites(model)))})
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -203,22 +185,6 @@ def test_the_file_holds_each_type_as_asked_and_keeps_norms_in_f32(exported):
         assert reader.fields["general.architecture"].contents() == "llama"
         assert reader.fields["llama.attention.head_count"].contents() == 6
         assert reader.fields["llama.attention.key_length"].contents() == 16
-
-
-def test_llama_cpp_reads_the_file_and_decodes_the_folders_greedy_tokens(exported):
-    llama_cpp = pytest.importorskip("llama_cpp")  # optional: only where llama-cpp-python is installed
-    from transformers import AutoModelForCausalLM
-
-    folder, path = exported["f32"]
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    expected = model.generate(torch.tensor(IDS), max_new_tokens=8, do_sample=False)[0, len(IDS[0]):].tolist()
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False)
-    llm.eval(IDS[0])
-    got = []
-    for _ in range(8):  # greedy: the most likely next token, from the logits llama.cpp keeps for the last position
-        got.append(int(llm.scores[llm.n_tokens - 1].argmax()))
-        llm.eval(got[-1:])
-    assert got == expected
 
 
 # --- what is refused, in one line, with nothing written -----------------------------------------------------------

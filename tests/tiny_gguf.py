@@ -13,6 +13,9 @@ import torch
 import transformers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from pipeline.core.sites import attention_sites, ffn_sites
+from pipeline.core.surgery import prune_heads, prune_neurons
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # SmolLM2's unknown, BOS and EOS (also its padding)
 UNK, BOS, EOS = 0, 1, 2
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a t", "e n", "Ġ w", "Ġ c", "o u", "i s"]
@@ -171,3 +174,27 @@ def tiny_gemma_tokenizer() -> transformers.PreTrainedTokenizerBase:
     chars = sorted(set("abcdefghijklmnopqrstuvwxyzHW0123456789,.!?'") | {"▁"})
     pieces = [*specials, *(f"<0x{i:02X}>" for i in range(256)), *chars, *("".join(m) for m in merges)]
     return transformers.GemmaTokenizer(vocab={p: i for i, p in enumerate(pieces)}, merges=merges)
+
+
+def tiny_llama_for_q8():
+    """A Llama whose matrices' rows stay multiples of Q8_0's 32-value blocks once pruned: hidden 96, 8 query heads of
+    16 in 2 key/value groups (6 left still divide the hidden size, as LlamaConfig requires), 160 FFN neurons."""
+    config = transformers.LlamaConfig(
+        vocab_size=len(vocabulary()), hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+    with torch.no_grad():  # weights of a trained model's scale, so that the logits are no flat noise
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.2)
+    return model
+
+
+def prune_uniformly(model, heads_per_group: list[int], neurons: int):
+    """Every layer alike: the given query heads (original indices, the same number from each group) and the first
+    `neurons` FFN neurons removed."""
+    prune_heads(model, {i: heads_per_group for i in range(len(attention_sites(model)))})
+    prune_neurons(model, {i: list(range(neurons)) for i in range(len(ffn_sites(model)))})
+    return model

