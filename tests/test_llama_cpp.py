@@ -199,3 +199,8 @@ def test_llama_quantize_writes_q4_k_m_that_llama_cpp_reads(tools, exported, tmp_
     assert gguf.GGUFReader(dest).fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_K_M
     llama_cpp.write_text(tmp_path / "paragraph.txt", PARAGRAPH * 12)
     assert math.isfinite(tools.perplexity(dest, tmp_path / "paragraph.txt", n_ctx=32, chunks=4, threads=1))
+
+
+def test_llama_bench_gives_a_prompt_and_a_decode_speed(tools, exported):
+    prompt, decode = tools.bench(exported["smollm"][2], prompt_tokens=16, new_tokens=4, threads=1)
+    assert prompt > 0 and decode > 0

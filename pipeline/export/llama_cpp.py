@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import html.parser
+import json
 import math
 import os
 import re
@@ -74,8 +75,9 @@ class Tools:
 
     bin: Path
 
-    def run(self, tool: str, *args: str, timeout: float = 1800) -> str:
-        """The tool's stdout; its stderr, where llama.cpp logs, names a failure by its last line."""
+    def run(self, tool: str, *args: str, timeout: float = 1800, stdout_only: bool = False) -> str:
+        """The tool's stdout, then its stderr, where llama.cpp logs (unless `stdout_only`); a failure is named by
+        stderr's last line."""
         command = [str(self.bin / tool), *args]
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -84,7 +86,7 @@ class Tools:
         if proc.returncode != 0:
             last = next((line for line in reversed(proc.stderr.splitlines()) if line.strip()), "no output")
             raise LlamaCppError(f"{tool} failed (exit {proc.returncode}): {last.strip()}")
-        return proc.stdout + proc.stderr
+        return proc.stdout if stdout_only else proc.stdout + proc.stderr
 
     def tokenize(self, gguf_file: Path, text_file: Path) -> list[int]:
         """The ids llama.cpp gives the text of `text_file` with the GGUF file's vocabulary, no BOS added."""
@@ -104,6 +106,19 @@ class Tools:
         if match is None:
             raise LlamaCppError(f"llama-perplexity gave no final estimate for {gguf_file.name}")
         return float(match.group(1))
+
+    def bench(self, gguf_file: Path, prompt_tokens: int, new_tokens: int, threads: int) -> tuple[float, float]:
+        """(prompt, decode) tokens per second of one llama-bench repetition of each test, after llama-bench's own
+        warm-up: a prompt of `prompt_tokens` processed at once, then `new_tokens` generated one by one
+        (tools/llama-bench/llama-bench.cpp; its JSON's `samples_ts`). One repetition a call, so that a caller can
+        interleave the models it compares, round by round."""
+        out = self.run("llama-bench", "-m", str(gguf_file), "-p", str(prompt_tokens), "-n", str(new_tokens),
+                       "-r", "1", "-t", str(threads), "-o", "json", stdout_only=True)
+        try:
+            tests = {(t["n_prompt"], t["n_gen"]): t["samples_ts"][0] for t in json.loads(out)}
+            return float(tests[prompt_tokens, 0]), float(tests[0, new_tokens])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise LlamaCppError(f"llama-bench printed no prompt and decode test for {gguf_file.name}") from None
 
     def quantize(self, source: Path, dest: Path, out_type: str, threads: int) -> Path:
         """`dest` in llama.cpp's type `out_type` (Q4_K_M, ...) by its own llama-quantize, atomically."""
@@ -167,7 +182,7 @@ def find_tools(cache: Path = CACHE) -> Tools | str:
         return Tools(folder)
     if own:
         return f"llama.cpp is not measured: {BIN_VARIABLE}={own} lacks {', '.join(missing)}"
-    return "llama.cpp is not measured: it is not built on this machine (`make llama-cpp`, about 10 min on 2 cores)"
+    return "llama.cpp is not measured: it is not built on this machine (`make llama-cpp`: a few minutes, once)"
 
 
 class _Links(html.parser.HTMLParser):

@@ -224,6 +224,11 @@ class ExportParams(Section):
     unpruned: bool = False  # the unpruned model's files too
     llama_cpp_windows: int = Field(32, ge=1)  # llama-perplexity's chunks of test text
     llama_cpp_window_tokens: int = Field(128, ge=8)  # tokens a chunk (-c), the second half of each scored
+    # llama-bench on every file, the models of one type interleaved round by round: a prompt processed at once and
+    # tokens generated one by one, the median of `llama_bench_repeats` rounds.
+    llama_bench_prompt_tokens: int = Field(64, ge=1)
+    llama_bench_new_tokens: int = Field(32, ge=1)
+    llama_bench_repeats: int = Field(5, ge=1)
 
     @model_validator(mode="after")
     def _quantized_from_f16(self) -> ExportParams:

