@@ -26,11 +26,11 @@ import pandas as pd
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from pipeline.core.flops import forward_flops
 from pipeline.export import llama_cpp
 from pipeline.export.gguf import ExportError, export_gguf
 from pipeline.files.atomic import write_csv
 from pipeline.files.schema import GGUF_DIR, GGUF_TABLE, TABLE_COLUMNS, UNPRUNED_MODEL
-from pipeline.methods.llm_bench import prefill_flops
 from pipeline.run.experiment import Experiment, log
 from pipeline.tasks.language_modeling.llama_cpp_table import LLAMA_CPP_COLUMNS, LLAMA_CPP_TABLE
 
@@ -61,7 +61,9 @@ class LlamaCppCheck:
         compute in float32 from their stored weights, so this is the figure they should give), and the FLOPs of a
         llama-bench prompt, whose ratio to the unpruned model's is the ideal prompt speedup."""
         prompt = torch.zeros(1, self.prompt_tokens, dtype=torch.long)
-        flops = prefill_flops(model, {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)})
+        # The prefill's FLOPs as the benchmark stage counts them (pipeline/methods/llm_bench.py, prefill_flops).
+        flops = forward_flops(model, {"input_ids": prompt, "attention_mask": torch.ones_like(prompt), "use_cache": True,
+                                      "logits_to_keep": 1})
         if self.too_short:
             return float("nan"), flops
         return llama_cpp.windows_perplexity(model, self.ids, self.tokens, self.windows, self.bos), flops
